@@ -1,0 +1,74 @@
+"""The vLLM engine-core wire protocol, sans I/O.
+
+Pure functions and attrs classes that turn ZeroMQ frames into typed values and back, for
+both directions (the client and the mock engine share them). Nothing here imports anyio or
+zmq: the I/O shell lives in :mod:`anyio_genout.transport` and :mod:`anyio_genout.engine`.
+
+Modules: :mod:`.arrays` (numeric arrays and aux frames), :mod:`.packing` (msgpack),
+:mod:`.sampling` (SamplingParams and its validation), :mod:`.requests` (ADD/ABORT/UTILITY),
+:mod:`.outputs` (EngineCoreOutputs), :mod:`.logprobs`, :mod:`.handshake`.
+"""
+
+from .arrays import INLINE_THRESHOLD, decode_array, encode_array
+from .handshake import (
+    SUPPORTED_VERSIONS,
+    EngineCoreReadyResponse,
+    EngineStatus,
+    HandshakeAddresses,
+    StatusMessage,
+    check_version,
+    decode_init,
+    decode_ready_response,
+    decode_status,
+    encode_init,
+    encode_ready_response,
+    encode_status,
+    engine_identity,
+    identity_rank,
+)
+from .logprobs import LogprobEntry, LogprobPosition, Logprobs, SamplingMask
+from .outputs import (
+    ENGINE_CORE_DEAD,
+    Classified,
+    DpControl,
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreFinishReason,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineDead,
+    PrefillStats,
+    RequestBatch,
+    RequestError,
+    SchedulerStats,
+    UtilityOutput,
+    UtilityReply,
+    decode_outputs,
+    encode_outputs,
+)
+from .requests import (
+    AbortRequest,
+    AddRequest,
+    EngineCoreRequest,
+    LoRARequest,
+    RequestType,
+    UtilityRequest,
+    decode_request,
+    encode_abort,
+    encode_add,
+    encode_utility,
+)
+from .sampling import SamplingParams
+
+__all__ = [
+    "ENGINE_CORE_DEAD", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS", "AbortRequest", "AddRequest",
+    "Classified", "DpControl", "EngineCoreEvent", "EngineCoreEventType", "EngineCoreFinishReason",
+    "EngineCoreOutput", "EngineCoreOutputs", "EngineCoreReadyResponse", "EngineCoreRequest",
+    "EngineDead", "EngineStatus", "HandshakeAddresses", "LoRARequest", "LogprobEntry",
+    "LogprobPosition", "Logprobs", "PrefillStats", "RequestBatch", "RequestError", "RequestType",
+    "SamplingMask", "SamplingParams", "SchedulerStats", "StatusMessage", "UtilityOutput",
+    "UtilityReply", "UtilityRequest", "check_version", "decode_array", "decode_init",
+    "decode_outputs", "decode_ready_response", "decode_request", "decode_status", "encode_abort",
+    "encode_add", "encode_array", "encode_init", "encode_outputs", "encode_ready_response",
+    "encode_status", "encode_utility", "engine_identity", "identity_rank",
+]

@@ -1,0 +1,208 @@
+"""ZeroMQ sockets driven by AnyIO: the thin I/O shell under the protocol core.
+
+No threads and no ``zmq.asyncio``: each :class:`ZmqSocket` waits with
+:func:`anyio.wait_readable` on the socket's file descriptor, which works on asyncio (plain and
+uvloop) and trio alike. ZeroMQ's descriptor is edge-triggered and only ever signals
+"something changed": after every wake-up a socket is drained with ``NOBLOCK`` until
+``zmq.Again``, and ``ZMQ_EVENTS`` is re-checked before waiting again.
+
+Rules this module keeps:
+
+* exactly one task waits on a socket's descriptor (receivers are serialised by the caller's
+  design: one reader task per socket; senders share a lock);
+* closing marks the socket closed, wakes any waiter with :func:`anyio.notify_closing`, then
+  closes with ``linger=0``;
+* every ``zmq.ZMQError`` becomes :class:`~anyio_genout.errors.OperationalError`-family errors
+  or :class:`anyio.ClosedResourceError`, never leaks.
+"""
+
+from __future__ import annotations
+
+import socket as _socket
+from collections.abc import Sequence
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import zmq
+
+from .errors import OperationalError
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "TransportError",
+    "ZmqSocket",
+    "bind_address",
+    "new_context",
+]
+
+#: Default bound on one received message (``ZMQ_MAXMSGSIZE``): a hostile peer cannot make the
+#: client allocate more than this per frame.
+DEFAULT_MAX_MESSAGE_SIZE: Final = 256 * 1024 * 1024
+Frames = Sequence[bytes | memoryview | zmq.Frame]
+
+
+class TransportError(OperationalError):
+    """A ZeroMQ socket failed (bind, connect, send or receive)."""
+
+
+def new_context() -> zmq.Context[Any]:
+    """A private ZeroMQ context (never the global instance, so closing it is ours to do)."""
+    return zmq.Context(io_threads=1)
+
+
+class ZmqSocket:
+    """One ZeroMQ socket used from one event loop.
+
+    ``receive`` must be called by a single task at a time; ``send`` may be called by many
+    (they queue on a lock). :meth:`aclose` may be called from any task, also while another
+    task waits in ``receive``: the waiter gets :class:`anyio.ClosedResourceError`.
+    """
+
+    def __init__(self, context: zmq.Context[Any], kind: int, *, identity: bytes | None = None,
+                 max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+        try:
+            sock = context.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            if identity is not None:
+                sock.setsockopt(zmq.IDENTITY, identity)
+            if max_message_size is not None:
+                sock.setsockopt(zmq.MAXMSGSIZE, max_message_size)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot create ZeroMQ socket: {exc}") from None
+        self._sock = sock
+        self._fd: int = sock.getsockopt(zmq.FD)
+        self._send_lock = anyio.Lock()
+        self._closed = False
+
+    @property
+    def raw(self) -> zmq.Socket[Any]:
+        """The pyzmq socket, for options; do not send or receive on it directly."""
+        return self._sock
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def bind(self, address: str) -> str:
+        """Bind and return the resolved endpoint (``tcp://host:0`` gets its real port)."""
+        try:
+            if address.startswith("tcp://[") or _is_ipv6_literal(address):
+                self._sock.setsockopt(zmq.IPV6, 1)
+            self._sock.bind(address)
+            endpoint: bytes | str = self._sock.getsockopt(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot bind {address}: {exc}") from None
+        return endpoint.decode() if isinstance(endpoint, bytes) else endpoint
+
+    def connect(self, address: str) -> None:
+        try:
+            if _is_ipv6_literal(address):
+                self._sock.setsockopt(zmq.IPV6, 1)
+            self._sock.connect(address)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot connect to {address}: {exc}") from None
+
+    # ------------------------------------------------------------------ receiving
+
+    def receive_nowait(self) -> list[zmq.Frame] | None:
+        """One multipart message if one is queued, else None (never blocks)."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.recv_multipart(zmq.NOBLOCK, copy=False)  # type: ignore[no-any-return]
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:
+            if self._closed:
+                raise anyio.ClosedResourceError from None
+            raise TransportError(f"receive failed: {exc}") from None
+
+    async def wait_readable(self) -> None:
+        """Wait until a message may be queued (returns at once if one is known to be)."""
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                events = self._sock.getsockopt(zmq.EVENTS)
+            except zmq.ZMQError as exc:
+                if self._closed:
+                    raise anyio.ClosedResourceError from None
+                raise TransportError(f"socket failed: {exc}") from None
+            if events & zmq.POLLIN:
+                return
+            await anyio.wait_readable(self._fd)
+
+    async def receive(self) -> list[zmq.Frame]:
+        """Wait for and return the next multipart message."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            message = self.receive_nowait()
+            if message is not None:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+                return message
+            await self.wait_readable()
+
+    # ------------------------------------------------------------------ sending
+
+    def send_nowait(self, frames: Frames) -> bool:
+        """Queue ``frames`` if ZeroMQ can take them now; False if it would block.
+
+        With the unbounded high-water marks set here this only fails to send while a
+        peer has not connected yet (PUSH, DEALER). ROUTER sockets drop messages addressed to
+        unknown identities silently, as ZeroMQ does.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if self._closed:
+                raise anyio.ClosedResourceError from None
+            raise TransportError(f"send failed: {exc}") from None
+        return True
+
+    async def send(self, frames: Frames) -> None:
+        """Send one multipart message, waiting while ZeroMQ cannot queue it."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        async with self._send_lock:
+            while not self.send_nowait(frames):
+                if self._closed:
+                    raise anyio.ClosedResourceError
+                if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+                    continue
+                # The FD only signals "readable" for any state change, POLLOUT included.
+                with anyio.move_on_after(0.05):
+                    await anyio.wait_readable(self._fd)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Close now (no linger); wakes a task blocked in :meth:`receive`. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        anyio.notify_closing(self._fd)
+        self._sock.close(linger=0)
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+
+def _is_ipv6_literal(address: str) -> bool:
+    return address.startswith("tcp://[")
+
+
+def bind_address(host: str, port: int = 0) -> str:
+    """A ``tcp://`` address for ``host`` (IPv6 literals bracketed) and ``port`` (0 = any)."""
+    try:
+        _socket.inet_pton(_socket.AF_INET6, host)
+    except OSError:
+        return f"tcp://{host}:{port if port else '*'}"
+    return f"tcp://[{host}]:{port if port else '*'}"
