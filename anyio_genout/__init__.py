@@ -1,5 +1,59 @@
-"""anyio-genout: a structured-concurrency client for vLLM engine cores."""
-from .errors import *  # noqa: F403
-from .errors import __all__ as _errors_all
+"""anyio-genout: a structured-concurrency client for vLLM engine cores.
 
-__all__ = [*_errors_all]
+Layers, bottom up: :mod:`anyio_genout.protocol` (the wire format, sans I/O),
+:mod:`anyio_genout.transport` (ZeroMQ on AnyIO), :mod:`anyio_genout.engine` (the raw
+engine-core client), the generate layer (:class:`Client`), :mod:`anyio_genout.mock` (an engine
+core emulator) and the ``anyio-genout`` command line.
+"""
+
+from .engine import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    EngineCoreOutputStream,
+    EngineCoreStreamOutput,
+)
+from .errors import (
+    ClientClosedError,
+    DuplicateRequestIdError,
+    EngineDeadError,
+    GenoutError,
+    HandshakeError,
+    HandshakeTimeoutError,
+    IncompleteStreamError,
+    InconsistentUtilityResultsError,
+    InvalidRequestError,
+    OperationalError,
+    ProtocolError,
+    RequestStreamClosed,
+    SamplingMaskMismatchError,
+    UnsupportedVersionError,
+    UsageError,
+    UtilityCallError,
+)
+from .protocol import EngineCoreRequest, LoRARequest, SamplingParams
+
+__all__ = [
+    "ClientClosedError",
+    "DuplicateRequestIdError",
+    "EngineCoreClient",
+    "EngineCoreClientConfig",
+    "EngineCoreOutputStream",
+    "EngineCoreRequest",
+    "EngineCoreStreamOutput",
+    "EngineDeadError",
+    "GenoutError",
+    "HandshakeError",
+    "HandshakeTimeoutError",
+    "IncompleteStreamError",
+    "InconsistentUtilityResultsError",
+    "InvalidRequestError",
+    "LoRARequest",
+    "OperationalError",
+    "ProtocolError",
+    "RequestStreamClosed",
+    "SamplingMaskMismatchError",
+    "SamplingParams",
+    "UnsupportedVersionError",
+    "UsageError",
+    "UtilityCallError",
+]

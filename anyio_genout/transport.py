@@ -80,7 +80,7 @@ class ZmqSocket:
     @property
     def raw(self) -> zmq.Socket[Any]:
         """The pyzmq socket, for options; do not send or receive on it directly."""
-        return self._sock
+        return self._sock  # type: ignore[no-any-return]
 
     @property
     def closed(self) -> bool:

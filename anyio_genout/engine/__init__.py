@@ -1,0 +1,15 @@
+"""The engine-core client: sockets, handshake, the reader task, requests and utility calls."""
+
+from .client import EngineCoreClient
+from .config import DEFAULT_HANDSHAKE_ADDRESS, EngineCoreClientConfig
+from .registry import EngineCoreStreamOutput
+from .stream import EngineCoreOutputStream, StreamState
+
+__all__ = [
+    "DEFAULT_HANDSHAKE_ADDRESS",
+    "EngineCoreClient",
+    "EngineCoreClientConfig",
+    "EngineCoreOutputStream",
+    "EngineCoreStreamOutput",
+    "StreamState",
+]

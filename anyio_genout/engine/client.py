@@ -1,0 +1,622 @@
+"""``EngineCoreClient``: the raw engine-core client (sockets, reader, registry, aborts).
+
+Task layout (one client-level task group, started in :meth:`EngineCoreClient.connect`):
+
+* the **engine-reader** task, the only task that waits on the output socket: it drains every
+  queued message, decodes it with the protocol core and hands each output to its request's
+  memory-object channel with ``send_nowait`` (never waiting on a consumer);
+* the **abort worker**, which batches the ids of requests whose scopes were left early into
+  one ABORT frame per engine (up to 1024 ids a frame);
+* optionally the **liveness** task, which pings every engine with a utility call.
+
+Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
+never blocks towards a connected engine), so request scopes never await while sending and
+the order of ADD and ABORT frames is exactly program order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.abc
+import attrs
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ..errors import (
+    ClientClosedError,
+    DuplicateRequestIdError,
+    EngineDeadError,
+    GenoutError,
+    InconsistentUtilityResultsError,
+    OperationalError,
+    ProtocolError,
+    UtilityCallError,
+)
+from ..protocol import (
+    DpControl,
+    EngineCoreFinishReason,
+    EngineCoreOutput,
+    EngineCoreReadyResponse,
+    EngineCoreRequest,
+    EngineDead,
+    RequestBatch,
+    SchedulerStats,
+    UtilityReply,
+    decode_outputs,
+    encode_abort,
+    encode_add,
+    encode_utility,
+    engine_identity,
+)
+from ..transport import TransportError, ZmqSocket, new_context
+from .config import EngineCoreClientConfig
+from .handshake import BoundSockets, bind_sockets, run_handshake
+from .registry import EngineCoreStreamOutput, RequestRegistry, UtilityWaiter
+from .stream import EngineCoreOutputStream, _CallScope
+
+__all__ = ["EngineCoreClient"]
+
+logger = logging.getLogger("anyio_genout.engine")
+
+#: At most this many ids in one ABORT frame.
+MAX_ABORT_BATCH: Final = 1024
+#: Messages handled per reader pass before yielding to other tasks.
+MAX_READ_BATCH: Final = 64
+
+T = TypeVar("T")
+StatsListener = Callable[[int, SchedulerStats], None]
+
+
+class EngineCoreClient:
+    """A connection to one or more vLLM engine cores.
+
+    Create it with ``async with EngineCoreClient.connect(config) as engine:``. Leaving the
+    block shuts everything down: sockets closed, tasks cancelled, and every open stream and
+    waiting call ends with :class:`~anyio_genout.ClientClosedError`.
+    """
+
+    def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
+                 ready: dict[int, EngineCoreReadyResponse]) -> None:
+        self._config = config
+        self._sockets = sockets
+        self._input: ZmqSocket = sockets.input
+        self._output: ZmqSocket = sockets.output
+        self._ready = dict(sorted(ready.items()))
+        self._ranks = list(self._ready)
+        self._identities = {rank: engine_identity(rank) for rank in self._ranks}
+        self._registry = RequestRegistry(self._ranks)
+        self._utility_ids = itertools.count(1)
+        self._utility_waiters: dict[int, UtilityWaiter] = {}
+        self._error: OperationalError | None = None
+        self._abort_send: MemoryObjectSendStream[tuple[str, int]]
+        self._abort_receive: MemoryObjectReceiveStream[tuple[str, int]]
+        self._abort_send, self._abort_receive = anyio.create_memory_object_stream[
+            tuple[str, int]](math.inf)
+        self._pending_aborts: dict[str, int] = {}
+        self._stats_listeners: list[StatsListener] = []
+        self._max_model_len = min(r.max_model_len for r in self._ready.values())
+        self._aborts_sent = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def connect(cls, config: EngineCoreClientConfig) -> _Connection:
+        """Bind, complete the handshake with every engine, and run the client.
+
+        ``async with EngineCoreClient.connect(config) as engine:`` returns once every
+        engine is ready; see :class:`EngineCoreClientConfig` for the two connection modes.
+        """
+        return _Connection(config)
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def config(self) -> EngineCoreClientConfig:
+        return self._config
+
+    @property
+    def engine_ranks(self) -> list[int]:
+        """Data-parallel ranks of the connected engines, in engine order."""
+        return list(self._ranks)
+
+    @property
+    def engine_identities(self) -> list[bytes]:
+        return [self._identities[r] for r in self._ranks]
+
+    @property
+    def engine_count(self) -> int:
+        return len(self._ranks)
+
+    @property
+    def ready_responses(self) -> dict[int, EngineCoreReadyResponse]:
+        return dict(self._ready)
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def vllm_version(self) -> str:
+        return self._ready[self._ranks[0]].vllm_version
+
+    @property
+    def input_address(self) -> str:
+        return self._sockets.input_address
+
+    @property
+    def output_address(self) -> str:
+        return self._sockets.output_address
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._error is None
+
+    @property
+    def health_error(self) -> OperationalError | None:
+        """The first error that made the client unhealthy (sticky), or None."""
+        return self._error
+
+    @property
+    def in_flight(self) -> int:
+        """Requests registered and not yet finished, aborted or failed."""
+        return len(self._registry.requests)
+
+    @property
+    def pending_utility_calls(self) -> int:
+        return len(self._utility_waiters)
+
+    @property
+    def aborts_sent(self) -> int:
+        """Request ids sent in ABORT frames so far (for tests and soak checks)."""
+        return self._aborts_sent
+
+    def engine_load(self) -> dict[int, int]:
+        """Routing score of each engine: max(in-flight, running + waiting)."""
+        return {rank: load.score for rank, load in self._registry.engines.items()}
+
+    def add_stats_listener(self, listener: StatsListener) -> None:
+        """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
+        self._stats_listeners.append(listener)
+
+    # ------------------------------------------------------------------ requests
+
+    def call(self, request: EngineCoreRequest) -> _CallScope:
+        """Send ``request`` and stream its outputs: ``async with engine.call(req) as s:``.
+
+        The request is validated first (:class:`~anyio_genout.InvalidRequestError`); a
+        duplicate in-flight id raises :class:`~anyio_genout.DuplicateRequestIdError`; nothing
+        is sent in either case. Leaving the block before the terminal output aborts the
+        request in the engine exactly once.
+        """
+        return _CallScope(lambda: self._open_stream(request))
+
+    def _open_stream(self, request: EngineCoreRequest) -> EngineCoreOutputStream:
+        self._raise_if_unhealthy()
+        if request.client_index != self._config.client_index:
+            request = attrs.evolve(request, client_index=self._config.client_index)
+        request.validate(vocab_size=self._config.vocab_size, max_model_len=self._max_model_len,
+                         max_logprobs=self._config.max_logprobs)
+        if request.max_tokens is None and request.sampling_params.max_tokens is None:
+            request = attrs.evolve(
+                request, max_tokens=self._max_model_len - len(request.prompt_token_ids))
+        registry = self._registry
+        if request.request_id in registry.requests:
+            raise DuplicateRequestIdError(request.request_id)
+        engine = registry.choose_engine(request.data_parallel_rank)
+        frames = encode_add(request)
+        # An abort of an earlier request with this id may still be queued: send it first, or
+        # the engine would see a duplicate id and die.
+        pending = self._pending_aborts.pop(request.request_id, None)
+        if pending is not None:
+            self._send_abort_now(pending, [request.request_id])
+        entry, receive = registry.register(request.request_id, engine)
+        try:
+            self._send_input(engine, frames)
+        except BaseException:
+            registry.remove(request.request_id)
+            entry.send.close()
+            receive.close()
+            raise
+        return EngineCoreOutputStream(request.request_id, engine, receive, self._on_stream_close)
+
+    def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
+        entry = self._registry.requests.get(stream.request_id)
+        if entry is None or not was_running:
+            return
+        # Left before the terminal output while the engine still runs it: abort, once.
+        self._registry.remove(stream.request_id)
+        entry.send.close()
+        if self._error is None:
+            self._pending_aborts[stream.request_id] = entry.engine
+            self._abort_send.send_nowait((stream.request_id, entry.engine))
+
+    async def abort(self, request_ids: Sequence[str]) -> None:
+        """Abort requests by id (unknown ids are ignored).
+
+        Each aborted stream first receives a synthesized terminal output with finish reason
+        ABORT and no tokens; then one ABORT frame per engine is sent.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._raise_if_unhealthy()
+        by_engine: dict[int, list[str]] = {}
+        now = time.time()
+        for rid in dict.fromkeys(request_ids):
+            entry = self._registry.remove(rid)
+            if entry is None:
+                continue
+            by_engine.setdefault(entry.engine, []).append(rid)
+            terminal = EngineCoreOutput(rid, [], finish_reason=EngineCoreFinishReason.ABORT)
+            entry.send.send_nowait(EngineCoreStreamOutput(entry.engine, now, terminal))
+            entry.send.close()
+        for engine, ids in by_engine.items():
+            self._send_abort_now(engine, ids)
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    def _send_abort_now(self, engine: int, ids: list[str]) -> None:
+        for start in range(0, len(ids), MAX_ABORT_BATCH):
+            chunk = ids[start:start + MAX_ABORT_BATCH]
+            self._send_input(engine, encode_abort(chunk))
+            self._aborts_sent += len(chunk)
+
+    def _send_input(self, engine: int, frames: list[bytes]) -> None:
+        try:
+            sent = self._input.send_nowait([self._identities[engine], *frames])
+        except anyio.ClosedResourceError:
+            raise ClientClosedError("engine-core client is closed") from None
+        except TransportError as exc:
+            self.fail(exc)
+            raise
+        if not sent:  # pragma: no cover - ROUTER with SNDHWM=0 never reports EAGAIN
+            error = TransportError("input socket would block")
+            self.fail(error)
+            raise error
+
+    async def _abort_worker(self) -> None:
+        receive = self._abort_receive
+        async for first in receive:
+            batch = [first]
+            while len(batch) < MAX_ABORT_BATCH:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            if self._error is not None:
+                self._pending_aborts.clear()
+                continue
+            by_engine: dict[int, list[str]] = {}
+            for rid, engine in batch:
+                # Skip ids already sent (a new request with the same id flushed it).
+                if self._pending_aborts.get(rid) == engine:
+                    del self._pending_aborts[rid]
+                    by_engine.setdefault(engine, []).append(rid)
+            for engine, ids in by_engine.items():
+                logger.debug("aborting %d request(s) on engine %d", len(ids), engine)
+                try:
+                    self._send_abort_now(engine, ids)
+                except GenoutError as exc:
+                    logger.warning("could not send ABORT to engine %d: %s", engine, exc)
+
+    # ------------------------------------------------------------------ the reader
+
+    async def _reader(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        sock = self._output
+        task_status.started()
+        try:
+            while True:
+                for _ in range(MAX_READ_BATCH):
+                    frames = sock.receive_nowait()
+                    if frames is None:
+                        break
+                    self._dispatch(frames)
+                    if self._error is not None:
+                        return
+                else:
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                await sock.wait_readable()
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:
+            self.fail(exc)
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        try:
+            message = decode_outputs([f.buffer for f in frames])
+        except ProtocolError as exc:
+            self.fail(exc)
+            return
+        if type(message) is RequestBatch:
+            self._dispatch_batch(message)
+        elif type(message) is UtilityReply:
+            self._dispatch_utility(message)
+        elif type(message) is EngineDead:
+            self.fail(EngineDeadError("an engine core sent ENGINE_CORE_DEAD"))
+        else:
+            assert isinstance(message, DpControl)
+            self.fail(ProtocolError(
+                "EngineCoreOutputs: data-parallel wave control arrived on the main output "
+                "socket (this client runs no DP coordinator)"))
+
+    def _dispatch_batch(self, batch: RequestBatch) -> None:
+        message = batch.message
+        requests = self._registry.requests
+        engine = message.engine_index
+        timestamp = message.timestamp
+        for output in message.outputs:
+            entry = requests.get(output.request_id)
+            if entry is None:
+                continue  # finished, aborted or unknown: dropped
+            send = entry.send
+            if output.finish_reason is None:
+                try:
+                    send.send_nowait(EngineCoreStreamOutput(engine, timestamp, output))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the consumer is leaving; its close() aborts the request
+            else:
+                self._registry.remove(output.request_id)
+                try:
+                    send.send_nowait(EngineCoreStreamOutput(engine, timestamp, output))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass
+                send.close()
+        if message.finished_requests:
+            for rid in message.finished_requests:
+                entry = self._registry.remove(rid)
+                if entry is not None:  # finished without a final output
+                    entry.send.close()
+        stats = message.scheduler_stats
+        if stats is not None:
+            self._registry.update_stats(engine, stats)
+            for listener in self._stats_listeners:
+                listener(engine, stats)
+
+    def _dispatch_utility(self, reply: UtilityReply) -> None:
+        output = reply.reply
+        waiter = self._utility_waiters.pop(output.call_id, None)
+        if waiter is None:
+            logger.warning("dropping a reply to unexpected utility call %d", output.call_id)
+            return
+        waiter.failure = output.failure_message
+        waiter.result = output.result
+        waiter.done.set()
+
+    # ------------------------------------------------------------------ health
+
+    def fail(self, error: OperationalError) -> None:
+        """Mark the client unhealthy with ``error`` (the first error sticks).
+
+        Every open stream receives the error once, every waiting utility call fails with it,
+        and every later call fails with it at once. Used by the reader and by process
+        watchers (e.g. the managed vLLM engine); synchronous and idempotent.
+        """
+        if self._error is not None:
+            return
+        self._error = error
+        if isinstance(error, ClientClosedError):
+            logger.debug("engine-core client closed")
+        else:
+            logger.error("engine-core client is unhealthy: %s", error)
+        requests = self._registry.requests
+        for entry in list(requests.values()):
+            try:
+                entry.send.send_nowait(_copy_error(error))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+            entry.send.close()
+        for rid in list(requests):
+            self._registry.remove(rid)
+        for waiter in self._utility_waiters.values():
+            waiter.error = error
+            waiter.done.set()
+        self._utility_waiters.clear()
+        self._pending_aborts.clear()
+
+    def _raise_if_unhealthy(self) -> None:
+        if self._error is not None:
+            raise _copy_error(self._error)
+
+    # ------------------------------------------------------------------ utility calls
+
+    async def call_utility(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method(*args)`` on every engine; returns the results in engine order.
+
+        Waits for every engine's reply; if any engine failed, raises
+        :class:`~anyio_genout.UtilityCallError` after all have answered. Cancelling the
+        caller unregisters its waiters.
+        """
+        return await self._call_utility_on(self._ranks, method, args)
+
+    async def _call_utility_on(self, ranks: Sequence[int], method: str,
+                               args: Sequence[Any]) -> list[Any]:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._raise_if_unhealthy()
+        waiters: dict[int, UtilityWaiter] = {}
+        try:
+            for rank in ranks:
+                call_id = next(self._utility_ids)
+                waiter = UtilityWaiter(rank)
+                waiters[call_id] = waiter
+                self._utility_waiters[call_id] = waiter
+                self._send_input(
+                    rank, encode_utility(self._config.client_index, call_id, method, args))
+            for waiter in waiters.values():
+                await waiter.done.wait()
+        finally:
+            for call_id in waiters:
+                self._utility_waiters.pop(call_id, None)
+        results = []
+        failure: str | None = None
+        for waiter in waiters.values():
+            if waiter.error is not None:
+                raise _copy_error(waiter.error)
+            if waiter.failure is not None and failure is None:
+                failure = waiter.failure
+            results.append(waiter.result)
+        if failure is not None:
+            raise UtilityCallError(method, failure)
+        return results
+
+    async def _consensus(self, method: str, *args: Any) -> Any:
+        results = await self.call_utility(method, *args)
+        if any(r != results[0] for r in results[1:]):
+            raise InconsistentUtilityResultsError(method, results)
+        return results[0]
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return tuple(await self._consensus("get_supported_tasks"))
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._consensus("is_sleeping"))
+
+    async def is_scheduler_paused(self) -> bool:
+        return bool(await self._consensus("is_scheduler_paused"))
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        results = await self.call_utility("reset_prefix_cache", reset_running_requests,
+                                          reset_connector)
+        return all(bool(r) for r in results)
+
+    async def reset_mm_cache(self) -> None:
+        await self.call_utility("reset_mm_cache")
+
+    async def reset_encoder_cache(self) -> None:
+        await self.call_utility("reset_encoder_cache")
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        await self.call_utility("sleep", level, mode)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        await self.call_utility("wake_up", None if tags is None else list(tags))
+
+    async def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        await self.call_utility("pause_scheduler", mode, clear_cache)
+
+    async def resume_scheduler(self) -> None:
+        await self.call_utility("resume_scheduler")
+
+    async def add_lora(self, lora: Any) -> bool:
+        wire = lora.to_wire() if hasattr(lora, "to_wire") else lora
+        return all(bool(r) for r in await self.call_utility("add_lora", wire))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return all(bool(r) for r in await self.call_utility("remove_lora", lora_id))
+
+    async def list_loras(self) -> set[int]:
+        found: set[int] = set()
+        for result in await self.call_utility("list_loras"):
+            found.update(result or ())
+        return found
+
+    async def start_profile(self, prefix: str | None = None) -> None:
+        await self.call_utility("profile", True, prefix)
+
+    async def stop_profile(self) -> None:
+        await self.call_utility("profile", False, None)
+
+    async def collective_rpc(self, method: str, worker_timeout: float | None = None,
+                             args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+                             ) -> list[Any]:
+        """Run ``method`` on every worker of every engine; results flattened in engine order."""
+        flat: list[Any] = []
+        for result in await self.call_utility("collective_rpc", method, worker_timeout, list(args),
+                                              kwargs or {}):
+            if isinstance(result, list):
+                flat.extend(result)
+            else:
+                flat.append(result)
+        return flat
+
+    # ------------------------------------------------------------------ liveness
+
+    async def _liveness(self, interval: float, deadline: float) -> None:
+        while self._error is None:
+            await anyio.sleep(interval)
+            for rank in self._ranks:
+                with anyio.move_on_after(deadline) as scope:
+                    try:
+                        await self._call_utility_on([rank], "is_sleeping", ())
+                    except UtilityCallError:
+                        pass
+                    except OperationalError:
+                        return
+                if scope.cancelled_caught:
+                    self.fail(EngineDeadError(
+                        f"engine {rank} did not answer a liveness check within {deadline:g} s"))
+                    return
+
+
+def _copy_error(error: BaseException) -> BaseException:
+    """A fresh instance of a sticky error, so raising it again does not grow one traceback."""
+    try:
+        copy = type(error)(str(error))
+    except Exception:
+        return error
+    copy.__cause__ = error
+    return copy
+
+
+class _Connection:
+    """``async with EngineCoreClient.connect(config)``: the client's lifetime."""
+
+    def __init__(self, config: EngineCoreClientConfig) -> None:
+        self._config = config
+        self._client: EngineCoreClient | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._context: Any = None
+
+    async def __aenter__(self) -> EngineCoreClient:
+        self._context = new_context()
+        sockets: BoundSockets | None = None
+        try:
+            sockets = bind_sockets(self._context, self._config)
+            ready = await run_handshake(sockets, self._config)
+            if sockets.handshake is not None:
+                sockets.handshake.close()
+                sockets.handshake = None
+            client = EngineCoreClient(self._config, sockets, ready)
+            tg = anyio.create_task_group()
+            await tg.__aenter__()
+            try:
+                await tg.start(client._reader)
+                tg.start_soon(client._abort_worker)
+                if self._config.liveness_interval is not None:
+                    tg.start_soon(client._liveness, self._config.liveness_interval,
+                                  self._config.liveness_timeout)
+            except BaseException:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+                raise
+        except BaseException:
+            if sockets is not None:
+                sockets.close()
+            self._context.term()
+            raise
+        self._client = client
+        self._tg = tg
+        return client
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        client, tg = self._client, self._tg
+        assert client is not None and tg is not None
+        client.fail(ClientClosedError("engine-core client is closed"))
+        client._abort_send.close()
+        client._sockets.close()
+        tg.cancel_scope.cancel()
+        # The body's exception (if any) propagates unchanged: it never enters the task group.
+        try:
+            await tg.__aexit__(None, None, None)
+        except BaseExceptionGroup as group:  # pragma: no cover - a bug in a background task
+            raise RuntimeError("anyio-genout background task failed") from group
+        finally:
+            client._abort_receive.close()
+            self._context.term()
+

@@ -1,0 +1,69 @@
+"""How an :class:`~anyio_genout.EngineCoreClient` finds and talks to its engines."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+from ..transport import DEFAULT_MAX_MESSAGE_SIZE
+
+__all__ = ["DEFAULT_HANDSHAKE_ADDRESS", "EngineCoreClientConfig"]
+
+#: vLLM's default ``--data-parallel-rpc-port`` on loopback.
+DEFAULT_HANDSHAKE_ADDRESS: Final = "tcp://127.0.0.1:29550"
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class EngineCoreClientConfig:
+    """Connection settings.
+
+    Two modes:
+
+    * **Handshake owner** (default): the client binds a ROUTER at ``handshake_address``;
+      engines started with ``vllm serve --headless --data-parallel-address H
+      --data-parallel-rpc-port P`` dial it, and the client tells them where its input and
+      output sockets are (bound on ``advertised_host``, or ``input_address`` /
+      ``output_address`` when given; ``ipc://`` works too).
+    * **Bootstrapped**: set ``bootstrapped=True`` with ``input_address`` and
+      ``output_address``; engines ``engine_start_index .. engine_start_index+engine_count-1``
+      connect there directly and register on the input socket.
+
+    ``ready_timeout`` bounds the whole start-up (a real engine loads its model before READY,
+    hence the 600 s default). ``liveness_interval`` (off by default) pings every engine with a
+    cheap utility call; an engine that does not answer within ``liveness_timeout`` marks the
+    client unhealthy (detects engines that died without saying so).
+    """
+
+    handshake_address: str = DEFAULT_HANDSHAKE_ADDRESS
+    engine_count: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    engine_start_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    advertised_host: str = "127.0.0.1"
+    input_address: str | None = None
+    output_address: str | None = None
+    bootstrapped: bool = False
+    client_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    ready_timeout: float = attrs.field(default=600.0, validator=_positive)
+    vocab_size: int | None = None
+    max_logprobs: int = 20
+    max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
+    liveness_interval: float | None = None
+    liveness_timeout: float = attrs.field(default=10.0, validator=_positive)
+    check_version: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.bootstrapped and (self.input_address is None or self.output_address is None):
+            raise ValueError("bootstrapped mode needs input_address and output_address")
+        if self.engine_start_index + self.engine_count > 2**16:
+            raise ValueError("engine ranks must fit in 2 bytes")
+        if self.liveness_interval is not None and not self.liveness_interval > 0:
+            raise ValueError("liveness_interval must be positive or None")
+
+    @property
+    def engine_ranks(self) -> range:
+        return range(self.engine_start_index, self.engine_start_index + self.engine_count)

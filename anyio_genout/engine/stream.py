@@ -1,0 +1,165 @@
+"""One request's outputs as an async iterator, and the scope whose exit aborts it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Final
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from ..errors import RequestStreamClosed
+from .registry import EngineCoreStreamOutput, StreamItem
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["EngineCoreOutputStream", "StreamState"]
+
+# Read this many buffered outputs without a checkpoint before yielding to the event loop
+# anyway (so a consumer that keeps up cannot starve other tasks or delay cancellation long).
+_CHECKPOINT_EVERY: Final = 32
+
+
+class StreamState(enum.Enum):
+    RUNNING = "running"
+    FINISHED = "finished"
+    CLOSED_WITH_ERROR = "closed with error"
+    UNEXPECTED_CLOSE = "unexpected close"
+    CLOSED = "closed"  # left early by the consumer
+
+
+class EngineCoreOutputStream:
+    """The outputs of one request, in order, ending after its terminal output.
+
+    Iterate with ``async for``. The stream ends after an output with a finish reason, or by
+    raising exactly one error: the client's sticky health error (e.g.
+    :class:`~anyio_genout.EngineDeadError`) or :class:`~anyio_genout.RequestStreamClosed` when
+    the engine dropped the request without a final output.
+    """
+
+    __slots__ = ("_closed", "_engine_index", "_on_close", "_receive", "_request_id",
+                 "_since_checkpoint", "_state")
+
+    def __init__(self, request_id: str, engine_index: int,
+                 receive: MemoryObjectReceiveStream[StreamItem],
+                 on_close: Callable[[EngineCoreOutputStream, bool], None]) -> None:
+        self._request_id = request_id
+        self._engine_index = engine_index
+        self._receive = receive
+        self._on_close = on_close
+        self._state = StreamState.RUNNING
+        self._since_checkpoint = 0
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self._request_id
+
+    @property
+    def engine_index(self) -> int:
+        """The data-parallel rank of the engine running this request."""
+        return self._engine_index
+
+    @property
+    def state(self) -> StreamState:
+        return self._state
+
+    @property
+    def terminated(self) -> bool:
+        """True once the terminal output or the error was delivered (leaving won't abort)."""
+        return self._state is not StreamState.RUNNING and self._state is not StreamState.CLOSED
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> EngineCoreStreamOutput:
+        if self._state is not StreamState.RUNNING:
+            await anyio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        # Fast path: take a buffered item without a full scheduling round trip, but still
+        # honour cancellation and yield to others every few items.
+        try:
+            item = self._receive.receive_nowait()
+        except anyio.WouldBlock:
+            self._since_checkpoint = 0
+            try:
+                item = await self._receive.receive()
+            except anyio.EndOfStream:
+                item = RequestStreamClosed(self._request_id)
+        except anyio.EndOfStream:
+            item = RequestStreamClosed(self._request_id)
+        else:
+            self._since_checkpoint += 1
+            if self._since_checkpoint >= _CHECKPOINT_EVERY:
+                self._since_checkpoint = 0
+                await anyio.lowlevel.checkpoint()
+            else:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+        if type(item) is EngineCoreStreamOutput:
+            if item.output.finish_reason is not None:
+                self._state = StreamState.FINISHED
+            return item
+        assert isinstance(item, BaseException)
+        self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosed)
+                       else StreamState.CLOSED_WITH_ERROR)
+        raise item
+
+    def receive_nowait(self) -> EngineCoreStreamOutput | None:
+        """The next buffered output, or None if none is buffered (raises like ``__anext__``)."""
+        if self._state is not StreamState.RUNNING:
+            return None
+        try:
+            item = self._receive.receive_nowait()
+        except anyio.WouldBlock:
+            return None
+        except anyio.EndOfStream:
+            item = RequestStreamClosed(self._request_id)
+        if type(item) is EngineCoreStreamOutput:
+            if item.output.finish_reason is not None:
+                self._state = StreamState.FINISHED
+            return item
+        assert isinstance(item, BaseException)
+        self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosed)
+                       else StreamState.CLOSED_WITH_ERROR)
+        raise item
+
+    def close(self) -> None:
+        """Leave the stream; aborts the request in the engine if it is still running.
+
+        Synchronous and idempotent, so it is safe in a cancelled scope and in ``finally``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        was_running = self._state is StreamState.RUNNING
+        if was_running:
+            self._state = StreamState.CLOSED
+        self._receive.close()
+        self._on_close(self, was_running)
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class _CallScope:
+    """``async with engine.call(request) as stream``: send on entry, abort on early exit."""
+
+    __slots__ = ("_open", "_stream")
+
+    def __init__(self, open_stream: Callable[[], EngineCoreOutputStream]) -> None:
+        self._open = open_stream
+        self._stream: EngineCoreOutputStream | None = None
+
+    async def __aenter__(self) -> EngineCoreOutputStream:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._stream = self._open()
+        return self._stream
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._stream is not None:
+            self._stream.close()
