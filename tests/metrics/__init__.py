@@ -1,0 +1,1 @@
+"""Tests for :mod:`anyio_genout.metrics`."""
