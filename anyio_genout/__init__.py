@@ -30,9 +30,39 @@ from .errors import (
     UsageError,
     UtilityCallError,
 )
+from .generate import (
+    AbortCause,
+    Client,
+    ClientConfig,
+    CollectedGenerateOutput,
+    FinishReason,
+    FinishReasonKind,
+    GenerateOutput,
+    GeneratePromptInfo,
+    GenerateRequest,
+    GenerateStream,
+    TokenUsage,
+    abort_cause,
+    collect_output,
+)
+from .metrics import Metrics
 from .protocol import EngineCoreRequest, LoRARequest, SamplingParams
 
 __all__ = [
+    "AbortCause",
+    "Client",
+    "ClientConfig",
+    "CollectedGenerateOutput",
+    "FinishReason",
+    "FinishReasonKind",
+    "GenerateOutput",
+    "GeneratePromptInfo",
+    "GenerateRequest",
+    "GenerateStream",
+    "Metrics",
+    "TokenUsage",
+    "abort_cause",
+    "collect_output",
     "ClientClosedError",
     "DuplicateRequestIdError",
     "EngineCoreClient",

@@ -1,0 +1,48 @@
+"""``AbortCause``: why a request scope is being left before its terminal output.
+
+The engine is told to abort in every case; the cause only changes what the metrics record
+(``DROPPED_STREAM`` counts ``finished_reason="abort"``, ``STOP_STRING_MATCHED`` counts
+``"stop"``) and the log level (info vs debug). It is read from a context variable in the task
+that leaves the scope, so a layer above that stops a stream on purpose writes::
+
+    with abort_cause(AbortCause.STOP_STRING_MATCHED):
+        break  # or return, or leave the ``async with``
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["AbortCause", "abort_cause"]
+
+
+class AbortCause(enum.Enum):
+    DROPPED_STREAM = "dropped_stream"
+    STOP_STRING_MATCHED = "stop_string_matched"
+
+    @classmethod
+    def current(cls) -> AbortCause:
+        """The cause in effect in the calling task (``DROPPED_STREAM`` unless set)."""
+        return _cause.get()
+
+    @property
+    def finished_reason(self) -> str:
+        """The ``finished_reason`` metric label recorded for this cause."""
+        return "abort" if self is AbortCause.DROPPED_STREAM else "stop"
+
+
+_cause: contextvars.ContextVar[AbortCause] = contextvars.ContextVar(
+    "anyio_genout_abort_cause", default=AbortCause.DROPPED_STREAM)
+
+
+@contextmanager
+def abort_cause(cause: AbortCause) -> Iterator[None]:
+    """Set the abort cause for scopes left inside this ``with`` block (this task only)."""
+    token = _cause.set(cause)
+    try:
+        yield
+    finally:
+        _cause.reset(token)

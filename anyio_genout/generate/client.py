@@ -1,0 +1,138 @@
+"""``Client``: the generate layer over an :class:`~anyio_genout.EngineCoreClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+import anyio
+import anyio.abc
+import attrs
+from prometheus_client import CollectorRegistry
+
+from ..engine import EngineCoreClient, EngineCoreClientConfig
+from ..metrics import Metrics, log_stats_periodically
+from .inflight import InflightRequests
+from .request import GenerateRequest, internal_request_id
+from .stream import GenerateStream
+
+__all__ = ["Client", "ClientConfig"]
+
+
+@attrs.frozen(kw_only=True)
+class ClientConfig:
+    """Settings of the generate layer (and, in ``engine``, of the connection).
+
+    ``eos_token_id`` is filled into requests whose sampling parameters name none (unless they
+    ignore EOS): without it the engine never stops on end-of-sequence. ``vocab_size`` (also
+    settable on ``engine``) makes the client refuse out-of-vocabulary token ids, which would
+    kill a real engine. Metrics go to ``registry``, or to a private registry if None.
+    """
+
+    engine: EngineCoreClientConfig = attrs.field(factory=EngineCoreClientConfig)
+    model_name: str = "anyio-genout"
+    randomize_request_ids: bool = True
+    eos_token_id: int | None = None
+    vocab_size: int | None = None
+    registry: CollectorRegistry | None = attrs.field(default=None, eq=False)
+    log_stats_interval: float | None = None
+
+
+class Client:
+    """Generate token ids from vLLM engines, one structured scope per request.
+
+    Usually created with ``async with Client.connect(config) as client``; or wrap an
+    already-connected :class:`EngineCoreClient` with ``Client(engine, config)``.
+    """
+
+    def __init__(self, engine: EngineCoreClient, config: ClientConfig | None = None) -> None:
+        self._config = config or ClientConfig(engine=engine.config)
+        self._engine = engine
+        self._inflight = InflightRequests()
+        self._metrics = Metrics(self._config.registry, model_name=self._config.model_name,
+                                max_model_len=engine.max_model_len)
+        engine.add_stats_listener(self._metrics.observe_scheduler_stats)
+
+    @classmethod
+    def connect(cls, config: ClientConfig | None = None) -> _ClientConnection:
+        """Connect to the engines described by ``config.engine`` (see
+        :meth:`EngineCoreClient.connect`) and yield a :class:`Client`."""
+        return _ClientConnection(config or ClientConfig())
+
+    @property
+    def engine(self) -> EngineCoreClient:
+        """The engine-core client underneath (utility calls, health, engine accessors)."""
+        return self._engine
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._metrics
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._config
+
+    @property
+    def inflight(self) -> InflightRequests:
+        return self._inflight
+
+    def generate(self, request: GenerateRequest) -> GenerateStream:
+        """Start ``request``: ``async with client.generate(request) as stream:``.
+
+        Raises :class:`~anyio_genout.InvalidRequestError` before any I/O for an invalid
+        request. See :class:`GenerateStream` for what leaving the block early does.
+        """
+        internal = internal_request_id(request.request_id, self._config.randomize_request_ids)
+        engine_request = request.to_engine_request(internal,
+                                                   eos_token_id=self._config.eos_token_id)
+        vocab = self._config.vocab_size
+        if vocab is not None and self._engine.config.vocab_size is None:
+            engine_request.validate(vocab_size=vocab, max_model_len=self._engine.max_model_len)
+        return GenerateStream(self, engine_request)
+
+    async def abort(self, request_ids: Sequence[str] = ()) -> None:
+        """Abort every live request with one of these external ids (all requests if empty).
+
+        Each aborted stream ends with one output whose finish reason is ABORT and no tokens.
+        """
+        if request_ids:
+            internal = self._inflight.resolve(request_ids)
+        else:
+            internal = self._inflight.all_internal_ids()
+        if not internal:
+            await anyio.lowlevel.checkpoint()
+            return
+        await self._engine.abort(internal)
+
+
+class _ClientConnection:
+    def __init__(self, config: ClientConfig) -> None:
+        engine_config = config.engine
+        if config.vocab_size is not None and engine_config.vocab_size is None:
+            engine_config = attrs.evolve(engine_config, vocab_size=config.vocab_size)
+        self._config = attrs.evolve(config, engine=engine_config)
+        self._connection = EngineCoreClient.connect(engine_config)
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> Client:
+        engine = await self._connection.__aenter__()
+        try:
+            client = Client(engine, self._config)
+            if self._config.log_stats_interval is not None:
+                self._tg = anyio.create_task_group()
+                await self._tg.__aenter__()
+                self._tg.start_soon(lambda: log_stats_periodically(
+                    client.metrics, interval=self._config.log_stats_interval or 10.0))
+        except BaseException as exc:
+            await self._connection.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return client
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+        finally:
+            await self._connection.__aexit__(exc_type, exc, tb)

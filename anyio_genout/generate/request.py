@@ -1,0 +1,65 @@
+"""``GenerateRequest``: what a user asks for, and how it becomes an engine request."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from ..errors import InvalidRequestError
+from ..protocol import EngineCoreRequest, LoRARequest, SamplingParams
+
+__all__ = ["GenerateRequest", "internal_request_id"]
+
+
+@attrs.frozen(kw_only=True)
+class GenerateRequest:
+    """One generation request (token ids in, token ids out).
+
+    ``request_id`` is yours (the *external* id); the client sends the engine an internal id
+    ``"{request_id}-{8 hex}"`` unless created with ``randomize_request_ids=False``, so two live
+    requests may share an external id. ``arrival_time`` (wall clock, seconds since the epoch)
+    defaults to now; time to first token and end-to-end latency are measured from it.
+    """
+
+    request_id: str
+    prompt_token_ids: Sequence[int] = attrs.field(converter=tuple)
+    sampling_params: SamplingParams = attrs.field(factory=SamplingParams)
+    arrival_time: float | None = None
+    cache_salt: str | None = None
+    trace_headers: Mapping[str, str] | None = None
+    priority: int = 0
+    data_parallel_rank: int | None = None
+    lora_request: LoRARequest | None = None
+
+    def to_engine_request(self, internal_id: str, *, eos_token_id: int | None = None
+                          ) -> EngineCoreRequest:
+        """The engine request, validated; raises :class:`InvalidRequestError` before any I/O."""
+        if type(self.request_id) is not str or not self.request_id:
+            raise InvalidRequestError("request_id", "must be a non-empty string")
+        if not self.prompt_token_ids:
+            raise InvalidRequestError(
+                "prompt_token_ids", f"request {self.request_id!r} has an empty prompt")
+        params = self.sampling_params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling_params", "must be a SamplingParams")
+        if eos_token_id is not None and params.eos_token_id is None and not params.ignore_eos:
+            params = attrs.evolve(params, eos_token_id=eos_token_id)
+        return EngineCoreRequest(
+            request_id=internal_id,
+            prompt_token_ids=tuple(self.prompt_token_ids),
+            sampling_params=params,
+            arrival_time=time.time() if self.arrival_time is None else self.arrival_time,
+            lora_request=self.lora_request,
+            cache_salt=self.cache_salt,
+            data_parallel_rank=self.data_parallel_rank,
+            priority=self.priority,
+            trace_headers=self.trace_headers,
+            external_req_id=self.request_id,
+        )
+
+
+def internal_request_id(external_id: str, randomize: bool) -> str:
+    return f"{external_id}-{uuid.uuid4().hex[:8]}" if randomize else external_id

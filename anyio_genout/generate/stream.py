@@ -1,0 +1,206 @@
+"""``GenerateStream``: one request's scope and its outputs.
+
+``async with client.generate(request) as stream:`` sends the request and opens the request's
+cancel scope; ``async for out in stream`` yields :class:`GenerateOutput` deltas. Leaving the
+block before the terminal output (``break``, an exception, a timeout or cancellation around
+it, or :meth:`GenerateStream.cancel`) aborts the request in the engine exactly once, and the
+metrics record it with the finished reason of the current :class:`AbortCause`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..engine import EngineCoreOutputStream
+from ..errors import SamplingMaskMismatchError
+from ..metrics import RequestTracker
+from ..protocol import EngineCoreRequest, Logprobs
+from .abort_cause import AbortCause, abort_cause
+from .inflight import InflightGuard
+from .output import (
+    CollectedGenerateOutput,
+    FinishReason,
+    GenerateOutput,
+    GeneratePromptInfo,
+    collect_output,
+)
+from .stop_sequences import StopSequenceMatcher
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from .client import Client
+
+__all__ = ["GenerateStream"]
+
+logger = logging.getLogger("anyio_genout.generate")
+
+
+class GenerateStream:
+    """A request in flight: an async context manager and an async iterator of outputs."""
+
+    __slots__ = ("_client", "_done", "_engine_request", "_external_id", "_guard",
+                 "_matcher", "_prompt_pending", "_raw", "_scope", "_tracker")
+
+    def __init__(self, client: Client, engine_request: EngineCoreRequest) -> None:
+        self._client = client
+        self._engine_request = engine_request
+        self._external_id = engine_request.external_req_id or engine_request.request_id
+        self._raw: EngineCoreOutputStream | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._tracker: RequestTracker | None = None
+        self._guard: InflightGuard | None = None
+        sequences = engine_request.sampling_params.stop_token_sequences
+        self._matcher = StopSequenceMatcher(sequences) if sequences else None
+        self._prompt_pending = True
+        self._done = False
+
+    # ------------------------------------------------------------------ scope
+
+    async def __aenter__(self) -> Self:
+        if self._scope is not None:
+            raise RuntimeError("a GenerateStream can be entered only once")
+        scope = anyio.CancelScope()
+        scope.__enter__()
+        self._scope = scope
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            client = self._client
+            raw = client.engine._open_stream(self._engine_request)
+            self._raw = raw
+            request = self._engine_request
+            self._tracker = client.metrics.tracker(
+                engine_index=raw.engine_index,
+                arrival_time=request.arrival_time,
+                prompt_len=len(request.prompt_token_ids),
+                max_tokens=(request.max_tokens if request.max_tokens is not None
+                            else request.sampling_params.max_tokens),
+            )
+            self._guard = client._inflight.track(self._external_id, request.request_id)
+        except BaseException as exc:
+            self._release()
+            if scope.__exit__(type(exc), exc, exc.__traceback__):
+                return self  # pragma: no cover - cancelled by stream.cancel() before entry
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool:
+        self._release()
+        assert self._scope is not None
+        return bool(self._scope.__exit__(exc_type, exc, tb))
+
+    def _release(self) -> None:
+        """Close the request (abort it if live), record an early exit, release tracking."""
+        raw = self._raw
+        if raw is not None and not self._done:
+            self._done = True
+            if not raw.terminated:
+                cause = AbortCause.current()
+                tracker = self._tracker
+                if tracker is not None and not tracker.finished:
+                    tracker.record_finished(time.time(), cause.finished_reason)
+                if cause is AbortCause.DROPPED_STREAM:
+                    logger.info("aborting request %s: its scope was left early",
+                                raw.request_id)
+                else:
+                    logger.debug("aborting request %s: %s", raw.request_id, cause.value)
+            raw.close()
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
+
+    def cancel(self) -> None:
+        """Cancel the request's scope: the body stops at its next checkpoint, the request
+        is aborted, and the ``async with`` block exits without an exception."""
+        if self._scope is not None:
+            self._scope.cancel()
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def request_id(self) -> str:
+        """The internal id the engine knows this request by."""
+        return self._engine_request.request_id
+
+    @property
+    def external_request_id(self) -> str:
+        return self._external_id
+
+    @property
+    def engine_index(self) -> int:
+        if self._raw is None:
+            raise RuntimeError("the stream has not been entered")
+        return self._raw.engine_index
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> GenerateOutput:
+        raw = self._raw
+        if raw is None:
+            raise RuntimeError("use `async with client.generate(...) as stream` first")
+        item = await raw.__anext__()
+        received_at = time.time()
+        output = item.output
+        tracker = self._tracker
+        assert tracker is not None
+        tracker.observe_output(item.timestamp, received_at, output)
+        prompt_info = None
+        if self._prompt_pending:
+            self._prompt_pending = False
+            prompt_info = GeneratePromptInfo(
+                self._engine_request.prompt_token_ids,
+                output.new_prompt_logprobs,
+                output.prompt_token_id_logprobs,
+            )
+        tokens = output.new_token_ids
+        mask = output.new_sampling_mask
+        if mask is not None and len(mask) != len(tokens):
+            raise SamplingMaskMismatchError(
+                f"request {output.request_id}: sampling mask has {len(mask)} rows for "
+                f"{len(tokens)} new tokens")
+        finish = None
+        logprobs = output.new_logprobs
+        matched = self._matcher.feed(tokens) if self._matcher is not None else None
+        if matched is not None:
+            keep, sequence = matched
+            if keep < len(tokens):
+                tokens = tokens[:keep]
+                if logprobs is not None:
+                    logprobs = Logprobs(logprobs.token_ids[:keep], logprobs.logprobs[:keep],
+                                        logprobs.ranks[:keep])
+            finish = FinishReason.stop(sequence)
+        elif output.finish_reason is not None:
+            finish = FinishReason.from_engine(output.finish_reason, output.stop_reason)
+        prefill = output.prefill_stats
+        result = GenerateOutput(
+            output.request_id,
+            tokens,
+            prompt_info,
+            logprobs,
+            finish,
+            prefill.num_cached_tokens if prefill is not None else 0,
+            output.kv_transfer_params,
+            output.ec_transfer_params,
+            mask,
+            output.spec_decode_metrics,
+        )
+        if finish is not None:
+            tracker.record_finished(received_at, finish.as_str())
+            if matched is not None and not raw.terminated:
+                # The client matched a stop sequence: free the engine's request, on purpose.
+                with abort_cause(AbortCause.STOP_STRING_MATCHED):
+                    self._release()
+        return result
+
+    async def collect_output(self) -> CollectedGenerateOutput:
+        """Gather the rest of this stream (see :func:`collect_output`)."""
+        return await collect_output(self)
