@@ -1,0 +1,1 @@
+"""The ``anyio-genout`` command line: ``generate``, ``run``, ``mock-engine``, ``bench``."""

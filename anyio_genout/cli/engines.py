@@ -1,0 +1,142 @@
+"""Where the command line's engines come from: embedded mock, real remote, or managed vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ..engine import EngineCoreClientConfig
+from ..errors import EngineDeadError
+from ..generate import Client, ClientConfig
+from ..mock import MockEngine, MockEngineConfig
+
+__all__ = ["ClientSession", "free_tcp_port"]
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ClientSession:
+    """``async with ClientSession(args) as client``: engines started or awaited, then a Client.
+
+    * no engine option: ``--mock-engines`` mock engines run as tasks in this process;
+    * ``--handshake-address``: wait for real engines to dial in (printing the command line
+      that starts them);
+    * ``--vllm-model``: start ``vllm serve --headless`` child processes; a child that exits
+      makes the client unhealthy at once (also during start-up).
+    """
+
+    def __init__(self, args: argparse.Namespace, *, quiet: bool = False) -> None:
+        self._args = args
+        self._quiet = quiet
+        self._stack = AsyncExitStack()
+        self.mock_engines: list[MockEngine] = []
+
+    def _say(self, text: str) -> None:
+        if not self._quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    async def __aenter__(self) -> Client:
+        args = self._args
+        await self._stack.__aenter__()
+        try:
+            return await self._enter(args)
+        except BaseException as exc:
+            await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    async def _enter(self, args: argparse.Namespace) -> Client:
+        handshake = args.handshake_address
+        if handshake is None:
+            handshake = f"tcp://{args.advertised_host}:{free_tcp_port(args.advertised_host)}"
+        vocab_size, eos = args.vocab_size, args.eos_token_id
+        engines: Any = None
+        if args.vllm_model:
+            from ..vllm import read_model_eos_token_id, read_model_vocab_size, spawn_vllm_engines
+
+            vocab_size = vocab_size or read_model_vocab_size(args.vllm_model)
+            eos = eos if eos is not None else read_model_eos_token_id(args.vllm_model)
+            engines = await self._stack.enter_async_context(spawn_vllm_engines(
+                args.vllm_model, handshake_address=handshake, engine_count=args.engine_count,
+                extra_args=args.vllm_arg))
+            self._say(f"started vLLM engine process(es) {engines.pids}; waiting for READY...")
+        elif args.handshake_address is not None:
+            host, _, port = handshake.rpartition(":")
+            self._say(
+                f"waiting for {args.engine_count} engine(s) on {handshake}; start them with:\n"
+                f"  vllm serve <model> --headless --data-parallel-address "
+                f"{host.removeprefix('tcp://').strip('[]')} --data-parallel-rpc-port {port} "
+                f"--data-parallel-size {args.engine_count} --skip-tokenizer-init")
+        else:
+            tg = await self._stack.enter_async_context(anyio.create_task_group())
+            self._stack.callback(tg.cancel_scope.cancel)
+            for rank in range(args.mock_engines):
+                engine = MockEngine(MockEngineConfig(
+                    rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
+                    vocab_size=vocab_size or 32000, eos_token_id=eos, keep_history=False,
+                    linger=0.0))
+                self.mock_engines.append(engine)
+                tg.start_soon(engine.serve)
+        config = ClientConfig(
+            engine=EngineCoreClientConfig(
+                handshake_address=handshake,
+                engine_count=args.mock_engines if not (args.vllm_model or args.handshake_address)
+                else args.engine_count,
+                advertised_host=args.advertised_host,
+                ready_timeout=args.ready_timeout,
+                vocab_size=vocab_size,
+            ),
+            model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
+        if engines is None:
+            return await self._stack.enter_async_context(Client.connect(config))
+        return await self._connect_managed(config, engines)
+
+    async def _connect_managed(self, config: ClientConfig, engines: Any) -> Client:
+        """Connect while watching the child processes: a child that dies fails the start."""
+        died: list[EngineDeadError] = []
+        started = time.monotonic()
+        # Long-lived scopes, exited in reverse order by the exit stack (never straddled).
+        scope = self._stack.enter_context(anyio.CancelScope())
+
+        def on_exit(error: EngineDeadError) -> None:
+            died.append(error)
+            scope.cancel()
+
+        unregister = engines.on_exit(on_exit)
+        progress = await self._stack.enter_async_context(anyio.create_task_group())
+        progress.start_soon(self._progress, started)
+        try:
+            client = await self._stack.enter_async_context(Client.connect(config))
+        except BaseException:
+            if died:
+                raise died[0] from None
+            raise
+        finally:
+            progress.cancel_scope.cancel()
+            unregister()
+        engines.on_exit(client.engine.fail)
+        self._say(f"engines ready after {time.monotonic() - started:.1f} s")
+        return client
+
+    async def _progress(self, started: float) -> None:
+        if self._quiet or not sys.stderr.isatty():
+            await anyio.sleep_forever()
+        while True:
+            await anyio.sleep(0.5)
+            print(f"\rwaiting for engines: {time.monotonic() - started:5.1f} s", end="",
+                  file=sys.stderr, flush=True)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        return await self._stack.__aexit__(exc_type, exc, tb)

@@ -1,0 +1,55 @@
+"""``anyio-genout generate``: stream one generation to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..generate import GenerateRequest
+from .engines import ClientSession
+from .options import add_engine_options, add_sampling_options, parse_token_ids, sampling_from_args
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate tokens for one prompt and stream them to stdout",
+        description="Generate tokens for one prompt, streaming token ids to stdout as they "
+                    "arrive, then print a summary (to stderr). With no engine option an "
+                    "embedded mock engine is used.")
+    parser.add_argument("--prompt-token-ids", type=parse_token_ids, required=True,
+                        metavar="IDS", help="comma-separated prompt token ids, e.g. 1,2,3")
+    parser.add_argument("--request-id", default="cli")
+    add_sampling_options(parser)
+    add_engine_options(parser)
+    parser.set_defaults(command=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    request = GenerateRequest(request_id=args.request_id,
+                              prompt_token_ids=args.prompt_token_ids,
+                              sampling_params=sampling_from_args(args))
+    async with ClientSession(args) as client:
+        start = time.time()
+        first: float | None = None
+        count = 0
+        finish = None
+        async with client.generate(request) as stream:
+            async for out in stream:
+                if out.token_ids:
+                    if first is None:
+                        first = time.time()
+                    count += len(out.token_ids)
+                    sys.stdout.write(" ".join(map(str, out.token_ids)) + " ")
+                    sys.stdout.flush()
+                finish = out.finish_reason
+        end = time.time()
+    sys.stdout.write("\n")
+    ttft = (first - start) if first is not None else float("nan")
+    rate = count / (end - first) if first is not None and end > first else float("nan")
+    print(f"finish_reason={finish} prompt_tokens={len(request.prompt_token_ids)} "
+          f"output_tokens={count} ttft={ttft * 1000:.1f}ms tokens/s={rate:.1f} "
+          f"total={(end - start) * 1000:.1f}ms", file=sys.stderr)
+    return 0
