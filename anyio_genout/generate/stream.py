@@ -19,7 +19,7 @@ import anyio
 from ..engine import EngineCoreOutputStream
 from ..errors import SamplingMaskMismatchError
 from ..metrics import RequestTracker
-from ..protocol import EngineCoreRequest, Logprobs
+from ..protocol import EngineCoreRequest, Logprobs, SamplingMask
 from .abort_cause import AbortCause, abort_cause
 from .inflight import InflightGuard
 from .output import (
@@ -177,6 +177,11 @@ class GenerateStream:
                 if logprobs is not None:
                     logprobs = Logprobs(logprobs.token_ids[:keep], logprobs.logprobs[:keep],
                                         logprobs.ranks[:keep])
+                if mask is not None and mask.offsets is not None:
+                    # Rows stay aligned with the kept tokens (a one-row mask is never cut:
+                    # a match keeps at least one token).
+                    mask = SamplingMask(mask.token_ids[:int(mask.offsets[keep])],
+                                        mask.offsets[:keep + 1])
             finish = FinishReason.stop(sequence)
         elif output.finish_reason is not None:
             finish = FinishReason.from_engine(output.finish_reason, output.stop_reason)
