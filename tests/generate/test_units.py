@@ -1,0 +1,213 @@
+"""Unit tests without I/O: inflight tracking, request preparation, finish reasons, matcher."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import pytest
+
+from anyio_genout import (
+    FinishReason,
+    FinishReasonKind,
+    GenerateRequest,
+    InvalidRequestError,
+    LoRARequest,
+    SamplingParams,
+)
+from anyio_genout.generate import InflightRequests
+from anyio_genout.generate.request import internal_request_id
+from anyio_genout.generate.stop_sequences import StopSequenceMatcher
+from anyio_genout.protocol import EngineCoreFinishReason
+
+# ---------------------------------------------------------------------- inflight
+
+
+def test_resolves_external_to_internal() -> None:
+    inflight = InflightRequests()
+    assert inflight.resolve(["unknown"]) == []
+    assert inflight.resolve([]) == []
+    guard = inflight.track("req-a", "req-a-1")
+    assert inflight.resolve(["req-a"]) == ["req-a-1"]
+    assert inflight.resolve(["unknown", "req-a"]) == ["req-a-1"]
+    assert inflight.all_internal_ids() == ["req-a-1"]
+    guard.release()
+    assert inflight.resolve(["req-a"]) == []
+
+
+def test_one_external_maps_to_many_internal() -> None:
+    inflight = InflightRequests()
+    guards = [inflight.track("req-a", f"req-a-{i}") for i in range(3)]
+    other = inflight.track("req-b", "req-b-0")
+    assert sorted(inflight.resolve(["req-a"])) == ["req-a-0", "req-a-1", "req-a-2"]
+    assert sorted(inflight.resolve(["req-a", "req-b"])) == [
+        "req-a-0", "req-a-1", "req-a-2", "req-b-0"]
+    assert sorted(inflight.all_internal_ids()) == ["req-a-0", "req-a-1", "req-a-2", "req-b-0"]
+    assert len(inflight) == 2
+    for guard in (*guards, other):
+        guard.release()
+    assert len(inflight) == 0
+
+
+def test_dropping_guard_removes_only_its_own_edge_then_cleans_empty_key() -> None:
+    inflight = InflightRequests()
+    first = inflight.track("req-a", "req-a-1")
+    second = inflight.track("req-a", "req-a-2")
+    first.release()
+    assert inflight.resolve(["req-a"]) == ["req-a-2"]
+    assert len(inflight) == 1
+    first.release()  # idempotent: does not touch the other edge
+    assert inflight.resolve(["req-a"]) == ["req-a-2"]
+    second.release()
+    assert inflight.resolve(["req-a"]) == []
+    assert len(inflight) == 0  # the empty external key is gone
+    assert inflight._edges == {}
+
+
+def test_identical_edges_are_refcounted_across_guards() -> None:
+    inflight = InflightRequests()
+    first = inflight.track("req-a", "req-a")
+    second = inflight.track("req-a", "req-a")
+    assert inflight.resolve(["req-a"]) == ["req-a"]  # one id, not two
+    first.release()
+    assert inflight.resolve(["req-a"]) == ["req-a"]  # the other guard keeps it
+    second.release()
+    assert inflight.resolve(["req-a"]) == []
+
+
+def test_guard_release_is_a_noop_after_inflight_is_gone() -> None:
+    inflight = InflightRequests()
+    guard = inflight.track("req-a", "req-a-1")
+    del inflight
+    gc.collect()
+    guard.release()  # no error
+    guard.release()
+
+    cleared = InflightRequests()
+    stale = cleared.track("req-b", "req-b-1")
+    cleared._edges.clear()  # the map lost the edge some other way
+    stale.release()
+    assert len(cleared) == 0
+
+
+# ---------------------------------------------------------------------- request preparation
+
+
+def _request(**kw: object) -> GenerateRequest:
+    fields: dict[str, object] = {"request_id": "req-1", "prompt_token_ids": [11, 22]}
+    fields.update(kw)
+    return GenerateRequest(**fields)  # type: ignore[arg-type]
+
+
+def test_prepare_builds_engine_core_request() -> None:
+    lora = LoRARequest("adapter", 3, "/tmp/adapter")
+    req = _request(
+        sampling_params=SamplingParams(max_tokens=4), arrival_time=42.5, cache_salt="salt",
+        data_parallel_rank=1, trace_headers={"traceparent": "00-abc"}, priority=-2,
+        lora_request=lora)
+    internal = internal_request_id(req.request_id, True)
+    assert re.fullmatch(r"req-1-[0-9a-f]{8}", internal)
+    assert internal != "req-1"
+    assert internal_request_id("req-1", True) != internal  # random suffix each time
+    engine = req.to_engine_request(internal)
+    assert engine.request_id == internal
+    assert engine.external_req_id == "req-1"
+    assert engine.prompt_token_ids == (11, 22)
+    assert engine.arrival_time == 42.5
+    assert engine.cache_salt == "salt"
+    assert engine.data_parallel_rank == 1
+    assert engine.trace_headers == {"traceparent": "00-abc"}
+    assert engine.priority == -2
+    assert engine.lora_request == lora
+    assert engine.sampling_params == SamplingParams(max_tokens=4)
+    assert engine.client_index == 0 and engine.current_wave == 0
+
+
+def test_prepare_defaults_arrival_time_to_wall_clock_now() -> None:
+    import time
+
+    before = time.time()
+    engine = _request().to_engine_request("req-1-x")
+    assert before <= engine.arrival_time <= time.time()
+
+
+def test_prepare_can_preserve_external_request_id() -> None:
+    assert internal_request_id("req-1", False) == "req-1"
+    engine = _request().to_engine_request(internal_request_id("req-1", False))
+    assert engine.request_id == engine.external_req_id == "req-1"
+
+
+def test_prepare_rejects_empty_prompt_tokens() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        _request(prompt_token_ids=[]).to_engine_request("req-1-x")
+    assert info.value.field == "prompt_token_ids"
+    assert "'req-1'" in str(info.value) and "empty prompt" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [{"request_id": ""}, {"request_id": 7},
+                                 {"sampling_params": {"max_tokens": 3}}])
+def test_prepare_rejects_invalid_fields(bad: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequestError):
+        _request(**bad).to_engine_request("x")
+
+
+def test_prepare_fills_eos_token_id_unless_set_or_ignored() -> None:
+    def eos(params: SamplingParams) -> int | None:
+        return _request(sampling_params=params).to_engine_request(
+            "x", eos_token_id=2).sampling_params.eos_token_id
+
+    assert eos(SamplingParams()) == 2
+    assert eos(SamplingParams(eos_token_id=9)) == 9  # the request's own wins
+    assert eos(SamplingParams(ignore_eos=True)) is None
+    assert _request().to_engine_request("x").sampling_params.eos_token_id is None
+
+
+# ---------------------------------------------------------------------- finish reasons
+
+
+def test_finish_reason_mapping_and_labels() -> None:
+    assert FinishReason.stop_eos() == FinishReason.stop() == FinishReason.STOP
+    assert FinishReason.stop_eos().stop_reason is None
+    cases = {
+        (EngineCoreFinishReason.STOP, None): (FinishReason.stop_eos(), "stop"),
+        (EngineCoreFinishReason.STOP, 7): (FinishReason.stop(7), "stop"),
+        (EngineCoreFinishReason.STOP, "</s>"): (FinishReason.stop("</s>"), "stop"),
+        (EngineCoreFinishReason.LENGTH, None): (FinishReason.LENGTH, "length"),
+        (EngineCoreFinishReason.ABORT, None): (FinishReason.ABORT, "abort"),
+        (EngineCoreFinishReason.ERROR, None): (FinishReason.ERROR, "error"),
+        (EngineCoreFinishReason.REPETITION, 5): (FinishReason.repetition(5), "repetition"),
+        (EngineCoreFinishReason.REPETITION, None): (FinishReason.REPETITION, "repetition"),
+    }
+    for (raw, stop_reason), (expected, label) in cases.items():
+        reason = FinishReason.from_engine(raw, stop_reason)
+        assert reason == expected
+        assert reason.as_str() == label == reason.kind.value
+    assert FinishReason.stop((5, 6)).stop_reason == (5, 6)
+    assert FinishReason.stop((5, 6)).kind is FinishReasonKind.STOP
+    assert FinishReason.from_engine(EngineCoreFinishReason.LENGTH, 3).stop_reason is None
+    assert str(FinishReason.stop(7)) == "stop(7)" and str(FinishReason.LENGTH) == "length"
+
+
+# ---------------------------------------------------------------------- stop sequences
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ([[5, 6, 7]], (2, (5, 6))),                  # within one step, later token dropped
+        ([[1, 5], [6]], (1, (5, 6))),                # straddles a step boundary
+        ([[1, 2], [4, 1], [2, 3]], (2, (1, 2, 3))),  # false start, then a full match
+        ([[5], [], [6]], (1, (5, 6))),               # empty step in between
+        ([[4, 5], [4, 6]], None),                    # interrupted: no match
+        ([[9, 9, 9, 9]], None),
+    ],
+)
+def test_stop_sequence_matcher(steps: list[list[int]],
+                               expected: tuple[int, tuple[int, ...]] | None) -> None:
+    matcher = StopSequenceMatcher([(5, 6), (1, 2, 3)])
+    result = None
+    for step in steps:
+        result = matcher.feed(step)
+        if result is not None:
+            break
+    assert result == expected
