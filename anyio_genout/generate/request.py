@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -12,6 +12,10 @@ from ..errors import InvalidRequestError
 from ..protocol import EngineCoreRequest, LoRARequest, SamplingParams
 
 __all__ = ["GenerateRequest", "internal_request_id"]
+
+
+def _token_ids(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -25,7 +29,7 @@ class GenerateRequest:
     """
 
     request_id: str
-    prompt_token_ids: Sequence[int] = attrs.field(converter=tuple)
+    prompt_token_ids: Sequence[int] = attrs.field(converter=_token_ids)
     sampling_params: SamplingParams = attrs.field(factory=SamplingParams)
     arrival_time: float | None = None
     cache_salt: str | None = None
