@@ -1,0 +1,149 @@
+"""Configuration of the mock engine core: what it pretends to be and how it misbehaves.
+
+A :class:`MockEngineConfig` describes one engine (one data-parallel rank). It either dials a
+front end's handshake socket like ``vllm serve --headless`` (``handshake_address``) or is told
+its input and output addresses directly (``input_address`` + ``output_addresses``: the
+"bootstrapped" mode, no handshake socket). :class:`MockFaults` holds the fault-injection knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+__all__ = ["BLOCK_SIZE", "MockEngineConfig", "MockFaults"]
+
+#: KV-cache block size the mock reports and counts prefix-cache hits in.
+BLOCK_SIZE = 16
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must be non-negative, got {value}")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, got {value}")
+
+
+@attrs.frozen(kw_only=True)
+class MockFaults:
+    """Fault injection. Step counts are engine steps that generated tokens.
+
+    * ``ready_delay``: seconds between INIT (or start-up, bootstrapped) and registering,
+      like a model that takes time to load.
+    * ``dead_after_steps``: after that many steps, send ``ENGINE_CORE_DEAD`` on every output
+      socket and stop (an engine-core crash).
+    * ``silent_after_steps``: after that many steps, stop reading input and stop stepping, as
+      a real engine whose input thread died while its process lives on.
+    * ``garbage_after_steps``: after that many steps, send one undecodable message (``0xc1``,
+      never valid msgpack) on every output socket, once.
+    * ``late_outputs_after_abort``: after an ABORT arrives for a running request, still emit
+      this many token outputs for it (a real engine may emit one step already in flight).
+    * ``preempt_every``: every that many steps preempt the newest running request: it gets
+      a PREEMPTED event (with log stats) and is requeued at the head of the waiting queue.
+    * ``abort_on_shutdown``: when cancelled, finish every request with an ABORT output and
+      ``finished_requests`` (like SIGTERM to a real EngineCore process) before closing.
+    """
+
+    ready_delay: float = attrs.field(default=0.0, validator=_non_negative)
+    dead_after_steps: int | None = attrs.field(default=None, validator=_non_negative)
+    silent_after_steps: int | None = attrs.field(default=None, validator=_non_negative)
+    garbage_after_steps: int | None = attrs.field(default=None, validator=_non_negative)
+    late_outputs_after_abort: int = attrs.field(default=0, validator=_non_negative)
+    preempt_every: int | None = attrs.field(default=None, validator=_positive)
+    abort_on_shutdown: bool = False
+
+
+def _addresses(value: str | Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class MockEngineConfig:
+    """One mock engine core.
+
+    Model and scheduler:
+
+    * ``max_num_seqs`` requests run at once; more wait in a FIFO queue.
+    * ``step_time``: seconds per engine step (0 = as fast as possible, yielding to the event
+      loop between steps).
+    * ``max_model_len``: prompt + output cap (finish LENGTH).
+    * ``vocab_size``: generated token ids are below it; a prompt or stop token id outside
+      ``[0, vocab_size)`` kills the engine (``ENGINE_CORE_DEAD``), as a real one dies.
+    * ``eos_token_id``: the fake model's end-of-sequence token. When set, the model emits it
+      with probability ``eos_probability`` per position (deterministically); a request stops
+      on it only if its sampling map carries ``_eos_token_id`` (as in vLLM).
+    * ``num_speculative_tokens`` > 0: each step emits 1 to 1+k tokens per request.
+    * ``enable_prefix_caching``: report cached prompt prefixes in whole blocks of
+      :data:`BLOCK_SIZE` tokens (``num_cached_tokens`` in prefill stats).
+    * ``seed``: seeds unseeded random sampling (greedy and seeded requests ignore it).
+
+    Wire: ``vllm_version`` (reported in the ready response), ``output_fields`` (18 = the
+    0.32 ``EngineCoreOutput`` layout, 19 = 0.33), ``log_stats`` (scheduler stats on every
+    step, events on first outputs and stats-only messages after finishes; False is
+    ``--disable-log-stats``).
+
+    ``keep_history``: record every decoded request in :attr:`MockEngine.received` (and the
+    id lists); switch off for long benchmark runs.
+    """
+
+    rank: int = attrs.field(default=0, validator=_non_negative)
+    handshake_address: str | None = None
+    input_address: str | None = None
+    output_addresses: tuple[str, ...] = attrs.field(default=(), converter=_addresses)
+    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    step_time: float = attrs.field(default=0.0, validator=_non_negative)
+    max_model_len: int = attrs.field(default=4096, validator=_positive)
+    vocab_size: int = attrs.field(default=32000, validator=_positive)
+    eos_token_id: int | None = attrs.field(default=None, validator=_non_negative)
+    eos_probability: float = attrs.field(default=1 / 256, validator=_non_negative)
+    vllm_version: str = "0.32.0"
+    output_fields: int = 18
+    log_stats: bool = True
+    num_speculative_tokens: int = attrs.field(default=0, validator=_non_negative)
+    enable_prefix_caching: bool = True
+    block_size: int = attrs.field(default=BLOCK_SIZE, validator=_positive)
+    num_gpu_blocks: int | None = attrs.field(default=None, validator=_positive)
+    dtype: str = "bfloat16"
+    seed: int = 0
+    keep_history: bool = True
+    handshake_timeout: float = attrs.field(default=300.0, validator=_non_negative)
+    linger: float = attrs.field(default=4.0, validator=_non_negative)
+    faults: MockFaults = attrs.field(factory=MockFaults)
+
+    def __attrs_post_init__(self) -> None:
+        if self.handshake_address is None:
+            if self.input_address is None or not self.output_addresses:
+                raise ValueError(
+                    "give handshake_address (dial mode) or input_address and "
+                    "output_addresses (bootstrapped mode)"
+                )
+        elif self.input_address is not None or self.output_addresses:
+            raise ValueError("handshake_address excludes input_address/output_addresses")
+        if self.rank >= 2**16:
+            raise ValueError(f"rank must fit in 2 bytes, got {self.rank}")
+        if self.output_fields not in (18, 19):
+            raise ValueError(f"output_fields must be 18 (vLLM 0.32) or 19 (0.33), "
+                             f"got {self.output_fields}")
+        if self.eos_token_id is not None and self.eos_token_id >= self.vocab_size:
+            raise ValueError("eos_token_id must be below vocab_size")
+        if not 0.0 <= self.eos_probability <= 1.0:
+            raise ValueError("eos_probability must be in [0, 1]")
+
+    @property
+    def identity(self) -> bytes:
+        """The engine's ZeroMQ identity: its rank as 2 bytes little-endian."""
+        return self.rank.to_bytes(2, "little")
+
+    @property
+    def gpu_blocks(self) -> int:
+        """KV-cache blocks reported (default: room for every sequence at full length)."""
+        if self.num_gpu_blocks is not None:
+            return self.num_gpu_blocks
+        return -(-self.max_num_seqs * self.max_model_len // self.block_size)

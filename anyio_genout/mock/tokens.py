@@ -1,0 +1,199 @@
+"""The mock engine's "model": deterministic tokens and fake logprobs.
+
+Every generated token is a pure function of a 64-bit *stream key* and the output position,
+mixed with SplitMix64 and reduced modulo the vocabulary:
+
+* greedy requests (temperature below 1e-5): the key depends only on the prompt tokens, so the
+  same prompt always continues the same way, whatever the request id, engine or seed;
+* seeded sampling: the key depends on the prompt and the request's ``seed``;
+* unseeded sampling: the key also depends on the engine seed and the request id.
+
+:func:`greedy_tokens` and :func:`sampled_tokens` predict what the mock will emit (before stop
+conditions and ``min_tokens`` are applied), so tests can choose stop tokens that will occur.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from typing import Any, Final
+
+import numpy as np
+
+from ..protocol import Logprobs
+
+__all__ = [
+    "GREEDY_TEMPERATURE",
+    "fake_logprobs",
+    "fake_prompt_logprobs",
+    "generate",
+    "greedy_tokens",
+    "sampled_tokens",
+    "stream_key",
+]
+
+#: Below this temperature vLLM samples greedily.
+GREEDY_TEMPERATURE: Final = 1e-5
+
+_MASK: Final = (1 << 64) - 1
+_GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
+_MIX1: Final = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2: Final = np.uint64(0x94D049BB133111EB)
+_S30: Final = np.uint64(30)
+_S27: Final = np.uint64(27)
+_S31: Final = np.uint64(31)
+_S32: Final = np.uint64(32)
+# Sub-stream tags so tokens, redraws, EOS draws and logprobs never share hash inputs.
+_TAG_EOS: Final = 0x51ED27
+_TAG_RANK: Final = 0x7A4B11
+_TAG_LOGP: Final = 0x3C9D05
+_TAG_PROMPT: Final = 0x1F00D5
+_MAX_REDRAWS: Final = 64
+
+
+def _mix(values: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic, vectorised)."""
+    x = values
+    x = (x ^ (x >> _S30)) * _MIX1
+    x = (x ^ (x >> _S27)) * _MIX2
+    return x ^ (x >> _S31)
+
+
+def _hashes(key: int, positions: np.ndarray[Any, np.dtype[np.uint64]],
+            tag: int = 0) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    base = np.uint64((key ^ (tag * 0x2545F4914F6CDD1D)) & _MASK)
+    return _mix(base + (positions + np.uint64(1)) * _GOLDEN)
+
+
+def _digest(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return int.from_bytes(h.digest(), "little")
+
+
+def _prompt_bytes(prompt: Sequence[int]) -> bytes:
+    return np.asarray(prompt, dtype="<i8").tobytes()
+
+
+def stream_key(prompt: Sequence[int], *, greedy: bool, seed: int | None = None,
+               engine_seed: int = 0, request_id: str = "") -> int:
+    """The 64-bit key of a request's token stream (see the module docstring)."""
+    body = _prompt_bytes(prompt)
+    if greedy:
+        return _digest(b"greedy", body)
+    if seed is not None:
+        return _digest(b"seeded", body, str(seed).encode())
+    return _digest(b"random", body, str(engine_seed).encode(), request_id.encode())
+
+
+def generate(key: int, start: int, count: int, vocab_size: int, *,
+             avoid: Collection[int] = (), avoid_before: int = 0,
+             allowed: Sequence[int] | None = None, eos_token_id: int | None = None,
+             eos_probability: float = 0.0) -> list[int]:
+    """Tokens at output positions ``start .. start+count-1`` of stream ``key``.
+
+    ``allowed`` restricts the choice (vLLM's ``allowed_token_ids``). Tokens in ``avoid`` are
+    redrawn at positions before ``avoid_before`` (``min_tokens`` holding back stop tokens). A
+    model EOS token, if given, replaces a position's token with probability
+    ``eos_probability``.
+    """
+    if count <= 0:
+        return []
+    positions = np.arange(start, start + count, dtype=np.uint64)
+    h = _hashes(key, positions)
+    if allowed is not None:
+        table = np.asarray(allowed, dtype=np.uint64)
+        tokens = table[h % np.uint64(len(table))]
+    else:
+        tokens = h % np.uint64(vocab_size)
+    if eos_token_id is not None and eos_probability > 0.0:
+        draw = _hashes(key, positions, _TAG_EOS) >> np.uint64(11)
+        threshold = np.uint64(int(eos_probability * float(1 << 53)))
+        tokens = np.where(draw < threshold, np.uint64(eos_token_id), tokens)
+    out: list[int] = tokens.tolist()
+    if avoid and start < avoid_before:
+        for i in range(min(count, avoid_before - start)):
+            attempt = 1
+            while out[i] in avoid and attempt <= _MAX_REDRAWS:
+                pos = np.asarray([start + i], dtype=np.uint64)
+                value = int(_hashes(key, pos, attempt)[0])
+                out[i] = (int(allowed[value % len(allowed)]) if allowed is not None
+                          else value % vocab_size)
+                attempt += 1
+    return out
+
+
+def greedy_tokens(prompt: Sequence[int], count: int, vocab_size: int = 32000) -> list[int]:
+    """What the mock generates for a greedy request on ``prompt`` (no stops applied)."""
+    return generate(stream_key(prompt, greedy=True), 0, count, vocab_size)
+
+
+def sampled_tokens(prompt: Sequence[int], count: int, seed: int,
+                   vocab_size: int = 32000) -> list[int]:
+    """What the mock generates for a seeded sampling request (no stops applied)."""
+    return generate(stream_key(prompt, greedy=False, seed=seed), 0, count, vocab_size)
+
+
+def _stride(vocab_size: int) -> int:
+    for stride in (7919, 104729, 1):
+        if np.gcd(stride, vocab_size) == 1:
+            return stride
+    return 1  # pragma: no cover
+
+
+def _candidates(sampled: np.ndarray[Any, Any], ranks: np.ndarray[Any, Any], hashes:
+                np.ndarray[Any, np.dtype[np.uint64]], k: int,
+                vocab_size: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Token ids ``[T, k+1]`` and logprobs ``[T, k+1]``: column 0 sampled, then ranks 1..k.
+
+    The top-k columns are distinct tokens; the sampled token sits at column ``rank`` when its
+    rank is at most ``k``. Logprobs strictly decrease with rank.
+    """
+    rows = sampled.shape[0]
+    stride = _stride(vocab_size)
+    cols = np.arange(1, k + 1, dtype=np.int64)
+    offsets = (cols[None, :] - ranks[:, None]) * stride
+    top = (sampled[:, None].astype(np.int64) + offsets) % vocab_size
+    ids = np.empty((rows, k + 1), dtype=np.int32)
+    ids[:, 0] = sampled
+    ids[:, 1:] = top
+    base = -0.01 - (hashes % np.uint64(1000)).astype(np.float64) / 500.0
+    lps = np.empty((rows, k + 1), dtype=np.float32)
+    lps[:, 1:] = base[:, None] - (cols[None, :] - 1) * 0.75
+    lps[:, 0] = base - (ranks - 1) * 0.75
+    return ids, lps
+
+
+def fake_logprobs(key: int, tokens: Sequence[int], start: int, k: int, vocab_size: int, *,
+                  greedy: bool) -> Logprobs:
+    """Sample logprobs for ``tokens`` at output positions ``start..``: ``[T, k+1]`` arrays.
+
+    Greedy tokens have rank 1; sampled ones rank 1 to 4 (deterministically).
+    """
+    k = min(k, vocab_size)
+    sampled = np.asarray(tokens, dtype=np.int64)
+    positions = np.arange(start, start + len(tokens), dtype=np.uint64)
+    hashes = _hashes(key, positions, _TAG_LOGP)
+    if greedy:
+        ranks = np.ones(len(tokens), dtype=np.int64)
+    else:
+        ranks = 1 + (_hashes(key, positions, _TAG_RANK) % np.uint64(4)).astype(np.int64)
+    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size)
+    return Logprobs(ids, lps, ranks)
+
+
+def fake_prompt_logprobs(prompt: Sequence[int], k: int, vocab_size: int) -> Logprobs | None:
+    """Prompt logprobs ``[P-1, k+1]`` (the first prompt token has none); None for P < 2."""
+    if len(prompt) < 2:
+        return None
+    k = min(k, vocab_size)
+    key = _digest(b"prompt", _prompt_bytes(prompt))
+    sampled = np.asarray(prompt[1:], dtype=np.int64) % vocab_size
+    positions = np.arange(1, len(prompt), dtype=np.uint64)
+    hashes = _hashes(key, positions, _TAG_LOGP)
+    ranks = 1 + (_hashes(key, positions, _TAG_PROMPT) % np.uint64(8)).astype(np.int64)
+    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size)
+    ids[:, 0] = np.asarray(prompt[1:], dtype=np.int64)
+    return Logprobs(ids, lps, ranks.astype(np.int32))
