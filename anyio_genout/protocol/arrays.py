@@ -12,6 +12,7 @@ Extension types 1 and 2 are pickle and cloudpickle: refused, never deserialised.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -26,7 +27,9 @@ __all__ = [
     "EXT_RAW_VIEW",
     "INLINE_THRESHOLD",
     "AuxFrames",
+    "MAX_NDIM",
     "decode_array",
+    "describe",
     "encode_array",
     "resolve_dtype",
 ]
@@ -38,6 +41,10 @@ EXT_RAW_VIEW: Final = 3
 
 #: ``VLLM_MSGPACK_ZERO_COPY_THRESHOLD``: arrays of at least this many bytes go in aux frames.
 INLINE_THRESHOLD: Final = 256
+#: Most dimensions a wire array may declare (numpy itself stops at 32 or 64, by version).
+MAX_NDIM: Final = 32
+#: Largest size of one dimension; also bounds the element count of an empty array.
+_MAX_DIM: Final = 2**40
 
 # torch dtype names as vLLM writes them for tensors -> numpy dtype. bfloat16 has no numpy
 # dtype: its bits are carried as uint16 and widened to float32 on decode (lossless).
@@ -58,8 +65,23 @@ _TORCH_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "complex128": np.dtype("<c16"),
     "bfloat16": np.dtype("<u2"),
 }
-_NUMPY_KINDS: Final = frozenset("biufc")
-_dtype_cache: dict[str, np.dtype[Any]] = {}
+
+
+def _numpy_dtypes() -> dict[str, np.dtype[Any]]:
+    # The strings numpy's ``dtype.str`` gives for the numeric types: "|" for one-byte types,
+    # "<" or ">" otherwise (one-byte types also accept "<" and ">", which numpy parses).
+    # A fixed table, so a peer's string never reaches numpy's dtype parser.
+    table: dict[str, np.dtype[Any]] = {}
+    for code, orders in (("b1", "|<>"), ("i1", "|<>"), ("u1", "|<>"), ("i2", "<>"), ("i4", "<>"),
+                         ("i8", "<>"), ("u2", "<>"), ("u4", "<>"), ("u8", "<>"), ("f2", "<>"),
+                         ("f4", "<>"), ("f8", "<>"), ("c8", "<>"), ("c16", "<>")):
+        for order in orders:
+            table[order + code] = np.dtype(order + code)
+    return table
+
+
+#: Every dtype string the decoder accepts: numpy ``dtype.str`` values and torch names.
+_WIRE_DTYPES: Final[dict[str, np.dtype[Any]]] = {**_numpy_dtypes(), **_TORCH_DTYPES}
 
 #: The frames of one multipart message; index 0 is the main msgpack frame.
 AuxFrames = Sequence[bytes | bytearray | memoryview]
@@ -69,21 +91,9 @@ def resolve_dtype(name: object, where: str = "array") -> np.dtype[Any]:
     """Return the numpy dtype for a wire dtype string, or raise :class:`ProtocolError`."""
     if type(name) is not str:
         raise ProtocolError(f"{where}.dtype: expected a string, got {type(name).__name__}")
-    cached = _dtype_cache.get(name)
-    if cached is not None:
-        return cached
-    dtype = _TORCH_DTYPES.get(name)
+    dtype = _WIRE_DTYPES.get(name)
     if dtype is None:
-        if len(name) > 8 or name[:1] not in ("<", ">", "|", "="):
-            raise ProtocolError(f"{where}.dtype: unsupported dtype {name!r}")
-        try:
-            dtype = np.dtype(name)
-        except TypeError:
-            raise ProtocolError(f"{where}.dtype: unsupported dtype {name!r}") from None
-        if dtype.kind not in _NUMPY_KINDS or dtype.shape or dtype.names is not None:
-            raise ProtocolError(f"{where}.dtype: unsupported dtype {name!r}")
-    if len(_dtype_cache) < 256:
-        _dtype_cache[name] = dtype
+        raise ProtocolError(f"{where}.dtype: unsupported dtype {describe(name)}")
     return dtype
 
 
@@ -94,14 +104,21 @@ def decode_array(value: object, frames: AuxFrames, where: str = "array") -> np.n
     except bfloat16, which is widened to float32. ``where`` names the field for error messages.
     """
     if type(value) is not list or len(value) != 3:
-        raise ProtocolError(f"{where}: expected [dtype, shape, data], got {_describe(value)}")
+        raise ProtocolError(f"{where}: expected [dtype, shape, data], got {describe(value)}")
     name, shape, data = value
     dtype = resolve_dtype(name, where)
-    if type(shape) is not list or not all(type(n) is int and 0 <= n < 2**40 for n in shape):
-        raise ProtocolError(f"{where}.shape: expected a list of sizes, got {shape!r}")
+    if type(shape) is not list or len(shape) > MAX_NDIM \
+            or not all(type(n) is int and 0 <= n < _MAX_DIM for n in shape):
+        raise ProtocolError(f"{where}.shape: expected a list of at most {MAX_NDIM} sizes, "
+                            f"got {describe(shape)}")
     count = 1
+    nonzero = 1
     for n in shape:
         count *= n
+        nonzero *= n or 1
+    if nonzero >= _MAX_DIM:
+        # numpy refuses even an empty array whose other dimensions overflow its size type.
+        raise ProtocolError(f"{where}.shape: {shape} is too large")
     expected = count * dtype.itemsize
     buffer: bytes | bytearray | memoryview
     if isinstance(data, msgpack.ExtType):
@@ -117,11 +134,12 @@ def decode_array(value: object, frames: AuxFrames, where: str = "array") -> np.n
         buffer = frames[data]
     else:
         raise ProtocolError(f"{where}.data: expected raw bytes or a frame index, got "
-                            f"{_describe(data)}")
+                            f"{describe(data)}")
     size = buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
     if size != expected:
         raise ProtocolError(
-            f"{where}: {name} shape {shape} needs {expected} bytes, the data has {size}"
+            f"{where}: {name} shape {describe(shape)} needs {expected} bytes, the data has "
+            f"{size}"
         )
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
     if name == "bfloat16":
@@ -145,11 +163,14 @@ def encode_array(
     values to bfloat16.
     """
     if dtype_name == "bfloat16":
-        bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) >> 16
-        array = bits.astype("<u2")
+        bits = np.asarray(array, dtype=np.float32).view(np.uint32) >> 16
+        array = np.asarray(bits, dtype="<u2")
     else:
-        array = np.ascontiguousarray(array)
-    data: memoryview = memoryview(array).cast("B") if array.size else memoryview(b"")
+        array = np.asarray(array)
+    if not array.flags.c_contiguous:
+        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+        array = array.copy(order="C")
+    data: memoryview = array.data.cast("B") if array.size else memoryview(b"")
     name = dtype_name if dtype_name is not None else array.dtype.str
     ref: Any
     if aux is None or array.ndim == 0 or data.nbytes < INLINE_THRESHOLD:
@@ -160,8 +181,22 @@ def encode_array(
     return [name, list(array.shape), ref]
 
 
-def _describe(value: object) -> str:
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
+_repr = reprlib.Repr()
+_repr.maxlevel = 3
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+_repr.maxstring = _repr.maxother = _repr.maxlong = 48
+
+
+def describe(value: object) -> str:
+    """A short, bounded description of a decoded wire value for error messages.
+
+    Never builds the full ``repr`` of a peer's value: that could be huge, or nested deeply
+    enough to raise :class:`RecursionError`.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = f"of {len(value)} bytes"
+    elif isinstance(value, msgpack.ExtType):
+        text = f"(code {value.code}, {len(value.data)} bytes)"
+    else:
+        text = _repr.repr(value)
     return f"{type(value).__name__} {text}"

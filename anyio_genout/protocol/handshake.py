@@ -18,6 +18,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import HandshakeError, ProtocolError, UnsupportedVersionError
+from .arrays import describe
 from .packing import pack, unpack
 
 __all__ = [
@@ -73,13 +74,21 @@ def encode_status(message: StatusMessage) -> bytes:
 
 
 def decode_status(data: bytes) -> StatusMessage:
-    value = unpack(data, "handshake message")
+    """Decode HELLO or READY; raises :class:`HandshakeError` (a bad frame is no engine)."""
+    try:
+        value = unpack(data, "handshake message")
+    except ProtocolError as exc:
+        raise HandshakeError(str(exc)) from None
     if type(value) is not dict or value.get("status") not in ("HELLO", "READY"):
         raise HandshakeError(f"handshake message: expected a HELLO or READY map, got "
-                             f"{value!r}"[:300])
+                             f"{describe(value)}")
+    for key in ("local", "headless"):
+        if key in value and type(value[key]) is not bool:
+            raise HandshakeError(f"handshake message.{key}: expected a bool, got "
+                                 f"{describe(value[key])}")
     extra = {k: v for k, v in value.items() if k not in ("status", "local", "headless")}
-    return StatusMessage(EngineStatus(value["status"]), bool(value.get("local", False)),
-                         bool(value.get("headless", True)), extra)
+    return StatusMessage(EngineStatus(value["status"]), value.get("local", False),
+                         value.get("headless", True), extra)
 
 
 @attrs.frozen
@@ -108,19 +117,36 @@ def encode_init(addresses: HandshakeAddresses) -> bytes:
 
 
 def decode_init(data: bytes) -> HandshakeAddresses:
-    value = unpack(data, "INIT")
+    """Decode INIT (engine side); raises :class:`HandshakeError` naming the bad field."""
     try:
-        addrs = value["addresses"]
-        inputs, outputs = addrs["inputs"], addrs["outputs"]
-        if not (isinstance(inputs, list) and isinstance(outputs, list) and inputs and outputs
-                and all(type(a) is str for a in inputs + outputs)):
-            raise TypeError("inputs/outputs must be non-empty lists of addresses")
-        return HandshakeAddresses(
-            inputs, outputs, addrs.get("coordinator_input"), addrs.get("coordinator_output"),
-            addrs.get("frontend_stats_publish_address"), value.get("parallel_config") or {},
-        )
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise HandshakeError(f"INIT: malformed handshake metadata ({exc})") from None
+        value = unpack(data, "INIT")
+    except ProtocolError as exc:
+        raise HandshakeError(str(exc)) from None
+    if type(value) is not dict or type(value.get("addresses")) is not dict:
+        raise HandshakeError(f"INIT: expected a map with an addresses map, got "
+                             f"{describe(value)}")
+    addrs = value["addresses"]
+    for key in ("inputs", "outputs"):
+        addresses = addrs.get(key)
+        if type(addresses) is not list or not addresses \
+                or not all(type(a) is str for a in addresses):
+            raise HandshakeError(f"INIT.addresses.{key}: expected a non-empty list of "
+                                 f"addresses, got {describe(addresses)}")
+    for key in ("coordinator_input", "coordinator_output", "frontend_stats_publish_address"):
+        if addrs.get(key) is not None and type(addrs[key]) is not str:
+            raise HandshakeError(f"INIT.addresses.{key}: expected an address or nil, got "
+                                 f"{describe(addrs[key])}")
+    parallel_config = value.get("parallel_config")
+    if parallel_config is None:
+        parallel_config = {}
+    elif type(parallel_config) is not dict or not all(type(k) is str for k in parallel_config):
+        raise HandshakeError(f"INIT.parallel_config: expected a map, got "
+                             f"{describe(parallel_config)}")
+    return HandshakeAddresses(
+        addrs["inputs"], addrs["outputs"], addrs.get("coordinator_input"),
+        addrs.get("coordinator_output"), addrs.get("frontend_stats_publish_address"),
+        parallel_config,
+    )
 
 
 _READY_REQUIRED: Final = (
@@ -155,24 +181,31 @@ def decode_ready_response(data: bytes) -> EngineCoreReadyResponse:
     """Decode the registration map; raises :class:`ProtocolError` naming a missing key."""
     value = unpack(data, "EngineCoreReadyResponse")
     if type(value) is not dict:
-        raise ProtocolError("EngineCoreReadyResponse: expected a map (vLLM >= 0.20)")
+        raise ProtocolError(f"EngineCoreReadyResponse: expected a map (vLLM >= 0.20), got "
+                            f"{describe(value)}")
     for key in _READY_REQUIRED:
         if key not in value:
             raise ProtocolError(f"EngineCoreReadyResponse.{key}: missing")
-    ints = ("max_model_len", "num_gpu_blocks", "block_size", "data_parallel_rank",
-            "max_num_seqs")
-    for key in ints:
-        if type(value[key]) is not int:
-            raise ProtocolError(f"EngineCoreReadyResponse.{key}: expected int")
-    if type(value["vllm_version"]) is not str or type(value["dtype"]) is not str:
-        raise ProtocolError("EngineCoreReadyResponse.vllm_version/dtype: expected str")
-    names = ("max_num_batched_tokens", "data_parallel_size", "world_size", "instance_id",
-             "supports_lora", "max_loras", "kv_cache_size_tokens", "enable_sleep_mode")
-    return EngineCoreReadyResponse(
-        **{k: value[k] for k in _READY_REQUIRED},
-        **{k: value[k] for k in names if value.get(k) is not None},
-        raw=value,
-    )
+    fields: dict[str, Any] = {}
+    for key, types in _READY_TYPES.items():
+        v = value.get(key)
+        if v is None and key not in _READY_REQUIRED:
+            continue
+        if type(v) not in types:
+            names = " or ".join(t.__name__ for t in types)
+            raise ProtocolError(f"EngineCoreReadyResponse.{key}: expected {names}, got "
+                                f"{describe(v)}")
+        fields[key] = v
+    return EngineCoreReadyResponse(**fields, raw=value)
+
+
+_READY_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "max_model_len": (int,), "num_gpu_blocks": (int,), "block_size": (int,), "dtype": (str,),
+    "vllm_version": (str,), "data_parallel_rank": (int,), "max_num_seqs": (int,),
+    "max_num_batched_tokens": (int,), "data_parallel_size": (int,), "world_size": (int,),
+    "instance_id": (str,), "supports_lora": (bool,), "max_loras": (int,),
+    "kv_cache_size_tokens": (int,), "enable_sleep_mode": (bool,),
+}
 
 
 def encode_ready_response(response: EngineCoreReadyResponse) -> bytes:

@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 
 from ..errors import ProtocolError, SamplingMaskMismatchError
-from .arrays import AuxFrames, decode_array, encode_array
+from .arrays import AuxFrames, decode_array, describe, encode_array
 from .logprobs import (
     Logprobs,
     SamplingMask,
@@ -321,7 +321,7 @@ _PAD: Final[list[Any]] = [None, None, None, None, None, None, None, None, None, 
 
 def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
     """Decode every output row; plain decode steps take an inlined fast path."""
-    decoded = []
+    decoded: list[EngineCoreOutput] = []
     append = decoded.append
     new_output = _new_output
     for row in rows:
@@ -345,7 +345,8 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
 
 def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutput:
     if type(row) is not list or len(row) < 2:
-        raise ProtocolError(f"EngineCoreOutput[{index}]: expected an array of at least 2 fields")
+        raise ProtocolError(f"EngineCoreOutput[{index}]: expected an array of at least 2 "
+                            f"fields, got {describe(row)}")
     n = len(row)
     if n != 19:
         if n < 19:
@@ -355,13 +356,15 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
     rid = row[0]
     tokens = row[1]
     if type(rid) is not str:
-        raise ProtocolError(f"EngineCoreOutput[{index}].request_id: expected str")
+        raise ProtocolError(f"EngineCoreOutput[{index}].request_id: expected str, got "
+                            f"{describe(rid)}")
+    w = f"EngineCoreOutput({rid if len(rid) <= 80 else rid[:77] + '...'})"
     if type(tokens) is not list:
-        raise ProtocolError(f"EngineCoreOutput.new_token_ids ({rid}): expected an array")
-    for t in tokens:
+        raise ProtocolError(f"{w}.new_token_ids: expected an array, got {describe(tokens)}")
+    for i, t in enumerate(tokens):
         if type(t) is not int or t < 0:
             raise ProtocolError(
-                f"EngineCoreOutput.new_token_ids ({rid}): expected non-negative ints"
+                f"{w}.new_token_ids[{i}]: expected a non-negative int, got {describe(t)}"
             )
     # Hot path: a plain decode step (only the id, the tokens and num_nans_in_logits set).
     if row.count(None) == 16 and type(row[13]) is int:
@@ -371,14 +374,13 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
     if finish is not None:
         finish = _FINISH.get(finish) if type(finish) is int else None
         if finish is None:
-            raise ProtocolError(f"EngineCoreOutput.finish_reason ({rid}): unknown value")
+            raise ProtocolError(f"{w}.finish_reason: unknown value {describe(row[5])}")
     if nans is None:
         nans = 0
-    w = f"EngineCoreOutput({rid})"
     if stop is not None and type(stop) is not int and type(stop) is not str:
-        raise ProtocolError(f"{w}.stop_reason: expected int, str or nil")
+        raise ProtocolError(f"{w}.stop_reason: expected int, str or nil, got {describe(stop)}")
     if type(nans) is not int:
-        raise ProtocolError(f"{w}.num_nans_in_logits: expected int")
+        raise ProtocolError(f"{w}.num_nans_in_logits: expected int, got {describe(nans)}")
     new_mask = decode_sampling_mask(mask, frames, f"{w}.new_sampling_mask")
     if new_mask is not None and len(new_mask) != len(tokens):
         raise SamplingMaskMismatchError(
@@ -395,7 +397,7 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
         None if events is None else _decode_events(events, w),
         _optional_map(kv, f"{w}.kv_transfer_params"),
         _optional_map(ec, f"{w}.ec_transfer_params"),
-        _optional_map(trace, f"{w}.trace_headers"),
+        _optional_str_map(trace, f"{w}.trace_headers"),
         None if prefill is None else _decode_prefill(prefill, w),
         None if routed is None else decode_array(routed, frames, f"{w}.routed_experts"),
         nans,
@@ -408,8 +410,18 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
 
 
 def _optional_map(value: object, where: str) -> Any:
-    if value is not None and type(value) is not dict:
-        raise ProtocolError(f"{where}: expected a map or nil")
+    if value is not None and (type(value) is not dict
+                              or not all(type(k) is str for k in value)):
+        raise ProtocolError(f"{where}: expected a map with str keys or nil, got "
+                            f"{describe(value)}")
+    return value
+
+
+def _optional_str_map(value: object, where: str) -> Any:
+    if value is not None and (type(value) is not dict or not all(
+            type(k) is str and type(v) is str for k, v in value.items())):
+        raise ProtocolError(f"{where}: expected a map of str to str or nil, got "
+                            f"{describe(value)}")
     return value
 
 
@@ -417,7 +429,7 @@ def _optional_str_list(value: object, where: str) -> list[str] | None:
     if value is None:
         return None
     if type(value) is not list or not all(type(v) is str for v in value):
-        raise ProtocolError(f"{where}: expected an array of str")
+        raise ProtocolError(f"{where}: expected an array of str, got {describe(value)}")
     return value
 
 
@@ -425,14 +437,20 @@ def _decode_events(value: object, where: str) -> list[EngineCoreEvent]:
     if type(value) is not list:
         raise ProtocolError(f"{where}.events: expected an array")
     events = []
-    for item in value:
+    for i, item in enumerate(value):
         if type(item) is not dict:
-            raise ProtocolError(f"{where}.events: expected {{type, timestamp}} maps")
-        kind = _EVENT.get(item.get("type"))  # type: ignore[arg-type]
+            raise ProtocolError(f"{where}.events[{i}]: expected a {{type, timestamp}} map, got "
+                                f"{describe(item)}")
+        kind = item.get("type")
         ts = item.get("timestamp")
-        if kind is None or type(ts) not in (int, float):
-            raise ProtocolError(f"{where}.events: bad event {item!r}"[:200])
-        events.append(EngineCoreEvent(kind, float(ts)))  # type: ignore[arg-type]
+        # Exact int: a bool or a float must not pass for an event type (msgspec rejects them).
+        event_type = _EVENT.get(kind) if type(kind) is int else None
+        if event_type is None:
+            raise ProtocolError(f"{where}.events[{i}].type: unknown event type {describe(kind)}")
+        if type(ts) is not float and type(ts) is not int:
+            raise ProtocolError(f"{where}.events[{i}].timestamp: expected a number, got "
+                                f"{describe(ts)}")
+        events.append(EngineCoreEvent(event_type, float(ts)))
     return events
 
 
@@ -452,33 +470,38 @@ def _decode_prefill(value: object, where: str) -> PrefillStats:
 
 
 def _decode_error(value: object, where: str) -> RequestError:
-    if type(value) is not dict or type(value.get("code")) is not str:
-        raise ProtocolError(f"{where}.error: expected {{code, message, retryable}}")
-    return RequestError(value["code"], str(value.get("message", "")),
-                        bool(value.get("retryable", False)))
+    if type(value) is not dict or type(value.get("code")) is not str \
+            or type(value.get("message", "")) is not str \
+            or type(value.get("retryable", False)) is not bool:
+        raise ProtocolError(f"{where}.error: expected {{code: str, message: str, retryable: "
+                            f"bool}}, got {describe(value)}")
+    return RequestError(value["code"], value.get("message", ""), value.get("retryable", False))
 
 
 def _decode_scheduler_stats(value: object) -> SchedulerStats:
     where = "EngineCoreOutputs.scheduler_stats"
     if type(value) is not dict:
         raise ProtocolError(f"{where}: expected a map")
-    ints = []
+    ints: dict[str, int] = {}
     for key in ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs",
                 "step_counter", "current_wave"):
         v = value.get(key, 0)
         if type(v) is not int:
             raise ProtocolError(f"{where}.{key}: expected int")
-        ints.append(v)
+        ints[key] = v
     usage = value.get("kv_cache_usage", 0.0)
-    if type(usage) not in (int, float):
+    if type(usage) is not float and type(usage) is not int:
         raise ProtocolError(f"{where}.kv_cache_usage: expected a number")
-    pcs = value.get("prefix_cache_stats") or {}
-    if type(pcs) is not dict:
+    pcs = value.get("prefix_cache_stats")
+    if pcs is None:
+        pcs = {}
+    elif type(pcs) is not dict:
         raise ProtocolError(f"{where}.prefix_cache_stats: expected a map")
     queries, hits = pcs.get("queries", 0), pcs.get("hits", 0)
     if type(queries) is not int or type(hits) is not int:
         raise ProtocolError(f"{where}.prefix_cache_stats: expected int queries and hits")
-    return SchedulerStats(*ints, float(usage), queries, hits, value)
+    return SchedulerStats(**ints, kv_cache_usage=float(usage), prefix_cache_queries=queries,
+                          prefix_cache_hits=hits, raw=value)
 
 
 def _decode_utility(value: object) -> UtilityOutput:

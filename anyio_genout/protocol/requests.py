@@ -9,14 +9,15 @@ Both directions are here: the client encodes, the mock engine decodes (as strict
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
 
 from ..errors import InvalidRequestError, ProtocolError
+from .arrays import describe
 from .packing import pack, unpack
-from .sampling import SamplingParams
+from .sampling import SamplingParams, int_tuple
 
 __all__ = [
     "REQUEST_FIELDS",
@@ -70,7 +71,7 @@ class EngineCoreRequest:
     """One generation request as the engine sees it (token ids in, n=1)."""
 
     request_id: str
-    prompt_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=int_tuple)
     sampling_params: SamplingParams
     arrival_time: float
     max_tokens: int | None = None
@@ -235,54 +236,158 @@ def decode_request(frames: Sequence[bytes]) -> AddRequest | AbortRequest | Utili
     raise ProtocolError(f"request: {kind.name} is only sent by a data-parallel coordinator")
 
 
+def _is_int(v: object) -> bool:
+    return type(v) is int
+
+
+def _is_number(v: object) -> bool:
+    return type(v) is float or type(v) is int
+
+
+def _is_bool(v: object) -> bool:
+    return type(v) is bool
+
+
+def _is_str(v: object) -> bool:
+    return type(v) is str
+
+
+def _is_int_list(v: object) -> bool:
+    return type(v) is list and all(type(t) is int for t in v)
+
+
+def _is_str_list(v: object) -> bool:
+    return type(v) is list and all(type(t) is str for t in v)
+
+
+def _optional(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: v is None or check(v)
+
+
+# The types vLLM 0.32's msgspec decoder enforces on SamplingParams keys (field-dump): a
+# mismatch is a ValidationError that kills a real engine's input thread. As in msgspec, an
+# int is accepted for a float but a bool is not accepted for an int. Unknown keys are ignored.
+_SAMPLING_TYPES: Final[dict[str, tuple[Callable[[object], bool], str]]] = {
+    "n": (_is_int, "int"),
+    "presence_penalty": (_is_number, "float"),
+    "frequency_penalty": (_is_number, "float"),
+    "repetition_penalty": (_is_number, "float"),
+    "temperature": (_is_number, "float"),
+    "top_p": (_is_number, "float"),
+    "top_k": (_is_int, "int"),
+    "min_p": (_is_number, "float"),
+    "seed": (_optional(_is_int), "int or nil"),
+    "stop": (lambda v: v is None or type(v) is str or _is_str_list(v), "str, [str] or nil"),
+    "stop_token_ids": (_optional(_is_int_list), "[int] or nil"),
+    "ignore_eos": (_is_bool, "bool"),
+    "max_tokens": (_optional(_is_int), "int or nil"),
+    "min_tokens": (_is_int, "int"),
+    "logprobs": (_optional(_is_int), "int or nil"),
+    "prompt_logprobs": (_optional(_is_int), "int or nil"),
+    "detokenize": (_is_bool, "bool"),
+    "skip_special_tokens": (_is_bool, "bool"),
+    "spaces_between_special_tokens": (_is_bool, "bool"),
+    "include_stop_str_in_output": (_is_bool, "bool"),
+    "output_kind": (lambda v: type(v) is int and v in (0, 1, 2), "0, 1 or 2"),
+    "_eos_token_id": (_optional(_is_int), "int or nil"),
+    "_all_stop_token_ids": (_is_int_list, "[int]"),
+    "logit_bias": (
+        lambda v: v is None or (type(v) is dict and all(
+            type(k) is int and _is_number(b) for k, b in v.items())),
+        "{int: float} or nil",
+    ),
+    "allowed_token_ids": (_optional(_is_int_list), "[int] or nil"),
+    "extra_args": (
+        lambda v: v is None or (type(v) is dict and all(type(k) is str for k in v)),
+        "{str: any} or nil",
+    ),
+    "bad_words": (_optional(_is_str_list), "[str] or nil"),
+    "_bad_words_token_ids": (
+        lambda v: v is None or (type(v) is list and all(_is_int_list(w) for w in v)),
+        "[[int]] or nil",
+    ),
+    "skip_reading_prefix_cache": (_optional(_is_bool), "bool or nil"),
+}
+
+#: Fields 9..21 of EngineCoreRequest (all have defaults): index -> (check, description).
+_OPTIONAL_FIELDS: Final[dict[int, tuple[Callable[[object], bool], str]]] = {
+    10: (lambda v: v is None or (type(v) is list and all(type(b) is bool for b in v)),
+         "[bool] or nil"),
+    11: (_is_int, "int"),
+    12: (_is_int, "int"),
+    13: (_is_int, "int"),
+    14: (lambda v: v is None or (type(v) is dict and all(
+        type(k) is str and type(x) is str for k, x in v.items())), "{str: str} or nil"),
+    15: (_is_bool, "bool"),
+    16: (_optional(_is_str), "str or nil"),
+    17: (_optional(_is_bool), "bool or nil"),
+    18: (lambda v: v is None or (type(v) is dict and all(type(k) is str for k in v)),
+         "{str: any} or nil"),
+    19: (_is_bool, "bool"),
+    20: (_optional(_is_str), "str or nil"),
+}
+_DEFAULTS: Final[dict[int, Any]] = {11: 0, 12: 0, 13: 0, 15: False, 19: False}
+
+
 def _decode_add(payload: object) -> AddRequest:
     where = "EngineCoreRequest"
     if type(payload) is not list or len(payload) < _REQUIRED_FIELDS:
-        raise ProtocolError(f"{where}: expected an array of at least {_REQUIRED_FIELDS} fields")
-    fields = payload + [None] * (len(REQUEST_FIELDS) - len(payload))
+        raise ProtocolError(f"{where}: expected an array of at least {_REQUIRED_FIELDS} "
+                            f"fields, got {describe(payload)}")
+    # Missing trailing fields take their defaults; extra ones are ignored (as in msgspec).
+    fields = payload[:len(REQUEST_FIELDS)]
+    fields += [_DEFAULTS.get(i) for i in range(len(fields), len(REQUEST_FIELDS))]
     rid, prompt, _mm, sampling, _pooling, arrival, lora, salt, dp_rank = fields[:9]
     if type(rid) is not str:
-        raise ProtocolError(f"{where}.request_id: expected str, got {type(rid).__name__}")
+        raise ProtocolError(f"{where}.request_id: expected str, got {describe(rid)}")
     if type(prompt) is not list or not all(type(t) is int for t in prompt):
-        raise ProtocolError(f"{where}.prompt_token_ids: expected a list of int")
+        raise ProtocolError(f"{where}.prompt_token_ids: expected a list of int, got "
+                            f"{describe(prompt)}")
     if sampling is None:
         sampling = {}
     if type(sampling) is not dict or not all(type(k) is str for k in sampling):
-        raise ProtocolError(f"{where}.sampling_params: expected a map")
-    if type(arrival) not in (int, float):
-        raise ProtocolError(f"{where}.arrival_time: expected a number")
-    client_index = fields[11] if fields[11] is not None else 0
-    priority = fields[13] if fields[13] is not None else 0
-    if type(client_index) is not int or type(priority) is not int:
-        raise ProtocolError(f"{where}.client_index/priority: expected int")
+        raise ProtocolError(f"{where}.sampling_params: expected a map with str keys, got "
+                            f"{describe(sampling)}")
+    for key, value in sampling.items():
+        rule = _SAMPLING_TYPES.get(key)
+        if rule is not None and not rule[0](value):
+            raise ProtocolError(f"{where}.sampling_params.{key}: expected {rule[1]}, got "
+                                f"{describe(value)}")
+    if type(arrival) is not float and type(arrival) is not int:
+        raise ProtocolError(f"{where}.arrival_time: expected a number, got {describe(arrival)}")
     if dp_rank is not None and type(dp_rank) is not int:
-        raise ProtocolError(f"{where}.data_parallel_rank: expected int or nil")
+        raise ProtocolError(f"{where}.data_parallel_rank: expected int or nil, got "
+                            f"{describe(dp_rank)}")
     if salt is not None and type(salt) is not str:
-        raise ProtocolError(f"{where}.cache_salt: expected str or nil")
+        raise ProtocolError(f"{where}.cache_salt: expected str or nil, got {describe(salt)}")
+    for index, (check, description) in _OPTIONAL_FIELDS.items():
+        if not check(fields[index]):
+            raise ProtocolError(f"{where}.{REQUEST_FIELDS[index]}: expected {description}, got "
+                                f"{describe(fields[index])}")
     lora_request = None
     if lora is not None:
         if (type(lora) is not list or len(lora) < 2 or type(lora[0]) is not str
-                or type(lora[1]) is not int):
-            raise ProtocolError(f"{where}.lora_request: expected [name, id, path, ...]")
+                or type(lora[1]) is not int or (len(lora) > 2 and type(lora[2]) is not str)):
+            raise ProtocolError(f"{where}.lora_request: expected [name, id, path, ...], got "
+                                f"{describe(lora)}")
         lora_request = LoRARequest(lora[0], lora[1], lora[2] if len(lora) > 2 else "")
     try:
         params = SamplingParams.from_wire(sampling)
         params.validate()
     except (InvalidRequestError, TypeError, ValueError) as exc:
         raise ProtocolError(f"{where}.sampling_params: {exc}") from None
-    max_tokens = sampling.get("max_tokens", 16)
     request = EngineCoreRequest(
         request_id=rid,
         prompt_token_ids=prompt,
         sampling_params=params,
         arrival_time=float(arrival),
-        max_tokens=max_tokens,
+        max_tokens=params.max_tokens,
         lora_request=lora_request,
         cache_salt=salt,
         data_parallel_rank=dp_rank,
-        client_index=client_index,
-        current_wave=fields[12] if type(fields[12]) is int else 0,
-        priority=priority,
+        client_index=fields[11],
+        current_wave=fields[12],
+        priority=fields[13],
         trace_headers=fields[14],
         external_req_id=fields[16],
     )

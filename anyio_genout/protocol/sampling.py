@@ -11,7 +11,7 @@ every check vLLM's own front end makes runs here, before anything is sent, and f
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -28,8 +28,17 @@ _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
 
 
+def int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    """attrs converter for token id fields (typed, unlike ``converter=tuple``)."""
+    return tuple(value)
+
+
 def _token_list(value: Sequence[int] | None) -> tuple[int, ...] | None:
     return None if value is None else tuple(value)
+
+
+def _token_sequences(value: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(v) for v in value)
 
 
 def _token_lists(value: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...] | None:
@@ -56,9 +65,9 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=int_tuple)
     stop_token_sequences: tuple[tuple[int, ...], ...] = attrs.field(
-        default=(), converter=lambda v: tuple(tuple(s) for s in v)
+        default=(), converter=_token_sequences
     )
     ignore_eos: bool = False
     max_tokens: int | None = None
