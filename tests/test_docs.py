@@ -1,0 +1,285 @@
+"""The documentation cannot rot: its examples run and its links resolve.
+
+* Every ```python block in ``README.md`` and ``docs/*.md`` whose first line is
+  ``# doctest: run`` is executed in a fresh interpreter (a temp file, a timeout) and must
+  exit 0, print something if it calls ``print``, and leak nothing that Python reports on
+  exit. Such blocks are complete programs: each starts its own mock engine on a free port.
+  Unmarked blocks (fragments, the README's example that needs real engines) must still
+  compile.
+* The ``anyio-genout run`` example of the quickstart runs on its JSONL example.
+* Every relative link (and ``#anchor``) in those files points to something that exists.
+* The metrics and errors references name every metric family, bucket constant and error.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+RUN_MARKER = "# doctest: run"
+#: Seconds one example may take (pytest-timeout allows 60 per test).
+TIMEOUT = 45
+
+#: Pages other engineers are still writing. A link to one of them is not an error *while the
+#: file does not exist yet*; once it exists it is checked like any other. Only these names.
+PENDING_PAGES = frozenset({"performance.md", "reliability.md", "security.md"})
+
+_FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?(?P<target>[^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(?P<target>\S+?)>?(?:\s.*)?$")
+_CODE_SPAN = re.compile(r"(`+).+?\1")
+_HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(?P<text>.+?)\s*#*\s*$")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@dataclass(frozen=True)
+class Fenced:
+    language: str
+    line: int  # 1-based line of the opening fence
+    source: str
+
+
+def fenced_blocks(text: str) -> list[Fenced]:
+    """The fenced code blocks of a Markdown text, in order."""
+    blocks: list[Fenced] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if match is None or (match["fence"][0] == "`" and "`" in match["info"]):
+            i += 1
+            continue
+        fence, indent = match["fence"], len(match["indent"])
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines):
+            stripped = lines[j].strip()
+            if stripped.startswith(fence) and set(stripped) == {fence[0]}:
+                break
+            line = lines[j]
+            body.append(line[min(indent, len(line) - len(line.lstrip(" "))):])
+            j += 1
+        info = match["info"].strip()
+        blocks.append(Fenced(info.split()[0].lower() if info else "", i + 1,
+                             "\n".join(body) + "\n"))
+        i = j + 1
+    return blocks
+
+
+def prose_lines(text: str, *, strip_code_spans: bool = True) -> Iterator[tuple[int, str]]:
+    """(line number, line) outside fenced code, with inline code spans removed if asked."""
+    fence: str | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _FENCE.match(line)
+        if fence is None and match is not None:
+            fence = match["fence"]
+            continue
+        if fence is not None:
+            stripped = line.strip()
+            if stripped.startswith(fence) and set(stripped) == {fence[0]}:
+                fence = None
+            continue
+        yield number, _CODE_SPAN.sub("", line) if strip_code_spans else line
+
+
+@dataclass(frozen=True)
+class PythonBlock:
+    path: Path
+    index: int  # among the file's python blocks
+    line: int
+    source: str
+
+    @property
+    def runnable(self) -> bool:
+        return self.source.startswith(RUN_MARKER)
+
+    @property
+    def id(self) -> str:
+        return f"{rel(self.path)}-block{self.index}"
+
+
+def python_blocks(path: Path) -> list[PythonBlock]:
+    found = [b for b in fenced_blocks(path.read_text(encoding="utf-8")) if b.language == "python"]
+    return [PythonBlock(path, i, b.line, b.source) for i, b in enumerate(found)]
+
+
+ALL_BLOCKS = [block for path in doc_files() for block in python_blocks(path)]
+RUNNABLE = [block for block in ALL_BLOCKS if block.runnable]
+
+
+# ------------------------------------------------------------------------------ examples
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in RUNNABLE])
+def test_runnable_example(block: PythonBlock, tmp_path: Path) -> None:
+    script = tmp_path / "example.py"
+    script.write_text(block.source, encoding="utf-8")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    where = f"{rel(block.path)}:{block.line}"
+    try:
+        result = subprocess.run(
+            [sys.executable, "-W", "error", str(script)], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{where}: the example did not finish within {TIMEOUT} s\n"
+                    f"stdout:\n{exc.stdout!r}\nstderr:\n{exc.stderr!r}")
+    report = f"{where}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, report
+    if re.search(r"\bprint\(", block.source):
+        assert result.stdout.strip(), report
+    assert "Exception ignored" not in result.stderr, report
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in ALL_BLOCKS])
+def test_python_block_compiles(block: PythonBlock) -> None:
+    """Fragments too: top-level ``await`` / ``async with`` / ``async for`` are allowed."""
+    try:
+        compile(block.source, f"{rel(block.path)}:{block.line}", "exec",
+                flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as exc:
+        pytest.fail(f"{rel(block.path)}:{block.line + (exc.lineno or 0)}: {exc.msg}")
+
+
+@pytest.mark.parametrize("page, minimum", [("quickstart.md", 3), ("concepts.md", 3),
+                                           ("metrics.md", 1), ("errors.md", 1)])
+def test_pages_have_runnable_examples(page: str, minimum: int) -> None:
+    count = sum(1 for b in RUNNABLE if b.path == DOCS / page)
+    assert count >= minimum, f"docs/{page}: {count} runnable example(s), expected {minimum}+"
+
+
+def test_readme_example_is_not_marked_runnable() -> None:
+    """It needs real engines on port 29550: it must only compile, never run."""
+    readme = [b for b in ALL_BLOCKS if b.path == ROOT / "README.md"]
+    assert readme
+    assert not any(b.runnable for b in readme)
+
+
+def test_quickstart_batch_example(tmp_path: Path) -> None:
+    """The quickstart's ``anyio-genout run`` command, on its JSONL example, as written."""
+    blocks = fenced_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
+    jsonl = [b for b in blocks if b.language == "jsonl"]
+    assert len(jsonl) == 1
+    commands = [line.strip() for b in blocks if b.language == "bash"
+                for line in b.source.splitlines() if line.strip().startswith("anyio-genout run")]
+    assert len(commands) == 1
+    argv = shlex.split(commands[0])
+    requests = [json.loads(line) for line in jsonl[0].source.splitlines() if line.strip()]
+    (tmp_path / argv[2]).write_text(jsonl[0].source, encoding="utf-8")
+    output = tmp_path / argv[argv.index("-o") + 1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-m", "anyio_genout.cli.main", *argv[1:], "--no-progress"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert result.returncode == 0, result.stderr
+    results = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["request_id"] for r in results) == sorted(r["request_id"] for r in requests)
+    for line in results:
+        assert line["finish_reason"] in {"stop", "length"}, line
+        assert line["token_ids"], line
+
+
+# ------------------------------------------------------------------------------ links
+
+
+def github_slugs(path: Path) -> set[str]:
+    """The anchors GitHub generates for the headings of a Markdown file."""
+    slugs: set[str] = set()
+    counts: dict[str, int] = {}
+    for _, line in prose_lines(path.read_text(encoding="utf-8"), strip_code_spans=False):
+        match = _HEADING.match(line)
+        if match is None:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match["text"]).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+        n = counts.get(slug, 0)
+        counts[slug] = n + 1
+        slugs.add(slug if n == 0 else f"{slug}-{n}")
+    return slugs
+
+
+def relative_links(path: Path) -> Iterator[tuple[int, str]]:
+    for number, line in prose_lines(path.read_text(encoding="utf-8")):
+        for match in _LINK.finditer(line):
+            yield number, match["target"]
+        reference = _REFERENCE.match(line)
+        if reference is not None:
+            yield number, reference["target"]
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=rel(p)) for p in doc_files()])
+def test_relative_links_resolve(path: Path) -> None:
+    problems: list[str] = []
+    for number, target in relative_links(path):
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http:, https:, mailto:, ...
+            continue
+        file_part, _, anchor = target.partition("#")
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        where = f"{rel(path)}:{number}: {target}"
+        if not resolved.exists():
+            if resolved.parent == DOCS and resolved.name in PENDING_PAGES:
+                continue  # being written by someone else; checked once it exists
+            problems.append(f"{where}: no such file")
+            continue
+        if anchor and resolved.suffix == ".md" and anchor not in github_slugs(resolved):
+            problems.append(f"{where}: no heading with anchor #{anchor}")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------ references
+
+
+def test_metrics_reference_names_every_family() -> None:
+    from anyio_genout.metrics import Metrics
+
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    exposed = {family.name + ("_total" if family.type == "counter" else "")
+               for family in Metrics().registry.collect()}
+    documented = set(re.findall(r"`(vllm:[a-z0-9_]+)`", text))
+    assert exposed - documented == set(), "metrics missing from docs/metrics.md"
+    assert documented - exposed == set(), "docs/metrics.md names metrics that do not exist"
+
+
+def test_metrics_reference_buckets_match_the_code() -> None:
+    from anyio_genout.metrics import buckets
+
+    rows = re.findall(r"^\|[^|]*\|\s*`([A-Z_]+_BUCKETS)`\s*\|([^|]*)\|",
+                      (DOCS / "metrics.md").read_text(encoding="utf-8"), re.MULTILINE)
+    assert len(rows) == 5
+    for name, bounds in rows:
+        listed = [float(v) for v in re.findall(r"\d+(?:\.\d+)?", bounds.split("(")[0])]
+        expected = [b for b in getattr(buckets, name) if math.isfinite(b)]
+        assert listed == expected, name
+
+
+def test_errors_reference_names_every_error() -> None:
+    from anyio_genout import errors
+
+    text = (DOCS / "errors.md").read_text(encoding="utf-8")
+    headed = set(re.findall(r"^###\s+`(\w+)", text, re.MULTILINE))
+    leaves = {name for name in errors.__all__
+              if name not in {"GenoutError", "UsageError", "OperationalError"}}
+    assert leaves | {"TransportError"} <= headed
+    for name in [*errors.__all__, "TransportError"]:
+        assert re.search(rf"\b{name}\b", text.split("## Where errors come from")[0]), name
