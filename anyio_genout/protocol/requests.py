@@ -17,7 +17,7 @@ import attrs
 from ..errors import InvalidRequestError, ProtocolError
 from .arrays import describe
 from .packing import pack, unpack
-from .sampling import SamplingParams, int_tuple
+from .sampling import DEFAULT_MAX_TOKENS, SamplingParams, int_tuple
 
 __all__ = [
     "REQUEST_FIELDS",
@@ -118,6 +118,20 @@ class EngineCoreRequest:
         if self.max_tokens is not None and (type(self.max_tokens) is not int
                                             or self.max_tokens < 1):
             raise InvalidRequestError("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        # min_tokens must fit the max_tokens the engine will actually see: this request's
+        # override, else the sampling parameters', else what the client fills in from
+        # max_model_len, else (nothing to fill it in from) the engine's default of 16.
+        # A min_tokens above it fails vLLM's SamplingParams check and deafens the engine.
+        limit = self.max_tokens if self.max_tokens is not None else \
+            self.sampling_params.max_tokens
+        if limit is None:
+            limit = (DEFAULT_MAX_TOKENS if max_model_len is None
+                     else max_model_len - len(self.prompt_token_ids))
+        if self.sampling_params.min_tokens > limit:
+            raise InvalidRequestError(
+                "min_tokens", f"must be at most the request's max_tokens ({limit}), got "
+                f"{self.sampling_params.min_tokens}"
+            )
         if type(self.arrival_time) not in (int, float):
             raise InvalidRequestError("arrival_time", "must be a number (seconds since epoch)")
         if self.cache_salt is not None and (type(self.cache_salt) is not str

@@ -92,6 +92,10 @@ class SamplingParams:
         _check_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
         _check_float(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
         _check_float(self.repetition_penalty, "repetition_penalty", 0.0, math.inf)
+        if not math.isfinite(self.repetition_penalty):
+            raise InvalidRequestError(
+                "repetition_penalty", f"must be a finite number, got {self.repetition_penalty}"
+            )
         if self.repetition_penalty <= 0.0:
             raise InvalidRequestError(
                 "repetition_penalty", f"must be greater than zero, got {self.repetition_penalty}"
