@@ -7,6 +7,9 @@ Task layout (one client-level task group, started in :meth:`EngineCoreClient.con
   memory-object channel with ``send_nowait`` (never waiting on a consumer);
 * the **abort worker**, which batches the ids of requests whose scopes were left early into
   one ABORT frame per engine (up to 1024 ids a frame);
+* the **input drain**, which reads and discards anything sent *to* the input socket after
+  the handshake (engines never send there again; without it a peer could fill this
+  process's memory with messages nobody reads);
 * optionally the **liveness** task, which pings every engine with a utility call.
 
 Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
@@ -69,6 +72,8 @@ logger = logging.getLogger("anyio_genout.engine")
 MAX_ABORT_BATCH: Final = 1024
 #: Messages handled per reader pass before yielding to other tasks.
 MAX_READ_BATCH: Final = 64
+#: Unexpected input-socket messages logged one by one; later ones are only counted.
+MAX_INPUT_JUNK_LOGGED: Final = 10
 
 T = TypeVar("T")
 StatsListener = Callable[[int, SchedulerStats], None]
@@ -103,6 +108,7 @@ class EngineCoreClient:
         self._stats_listeners: list[StatsListener] = []
         self._max_model_len = min(r.max_model_len for r in self._ready.values())
         self._aborts_sent = 0
+        self._input_junk = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -325,6 +331,27 @@ class EngineCoreClient:
                     await anyio.lowlevel.checkpoint()
                     continue
                 await sock.wait_readable()
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:
+            self.fail(exc)
+
+    async def _drain_input(self) -> None:
+        """Discard messages sent to the input ROUTER after the handshake (none expected)."""
+        sock = self._input
+        try:
+            while True:
+                frames = sock.receive_nowait()
+                if frames is None:
+                    await sock.wait_readable()
+                    continue
+                self._input_junk += 1
+                if self._input_junk <= MAX_INPUT_JUNK_LOGGED:
+                    logger.warning("discarding an unexpected %d-frame message sent to the "
+                                   "input socket by %r", len(frames),
+                                   bytes(frames[0].buffer)[:16])
+                if self._input_junk % MAX_READ_BATCH == 0:
+                    await anyio.lowlevel.checkpoint()
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
@@ -586,11 +613,15 @@ class _Connection:
                 sockets.handshake.close()
                 sockets.handshake = None
             client = EngineCoreClient(self._config, sockets, ready)
+            early, sockets.early_outputs = sockets.early_outputs, []
+            for frames in early:  # arrived before READY: dispatched before anything newer
+                client._dispatch(frames)
             tg = anyio.create_task_group()
             await tg.__aenter__()
             try:
                 await tg.start(client._reader)
                 tg.start_soon(client._abort_worker)
+                tg.start_soon(client._drain_input)
                 if self._config.liveness_interval is not None:
                     tg.start_soon(client._liveness, self._config.liveness_interval,
                                   self._config.liveness_timeout)

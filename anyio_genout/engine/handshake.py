@@ -3,19 +3,32 @@
 The message formats are in :mod:`anyio_genout.protocol.handshake`; this module runs the
 exchange over ZeroMQ and enforces the timeout and the stages:
 HELLO -> INIT -> (registration on the input socket, READY on the handshake socket).
+
+While it waits, the output socket is watched too: an engine that dies after connecting it
+(``ENGINE_CORE_DEAD``) fails the start-up at once instead of after ``ready_timeout``. Junk
+from a peer that is not one of the expected engines (a port scanner, a stray tool) is
+logged and ignored, so it cannot break the start-up; a malformed message from an expected
+engine identity, or a well-formed one from an unexpected engine, is a :class:`HandshakeError`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import attrs
 import zmq
 
-from ..errors import GenoutError, HandshakeError, HandshakeTimeoutError, ProtocolError
+from ..errors import (
+    EngineDeadError,
+    GenoutError,
+    HandshakeError,
+    HandshakeTimeoutError,
+    ProtocolError,
+)
 from ..protocol import (
+    ENGINE_CORE_DEAD,
     EngineCoreReadyResponse,
     EngineStatus,
     HandshakeAddresses,
@@ -32,6 +45,15 @@ __all__ = ["BoundSockets", "bind_sockets", "run_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
 
+#: Output messages kept from before every engine was READY (an engine sends none then).
+MAX_EARLY_OUTPUTS: Final = 1024
+#: Ignored junk messages logged one by one; later ones are only counted.
+MAX_JUNK_LOGGED: Final = 10
+#: Receive high-water mark of the output socket, in messages per connected peer: a peer
+#: that sends faster than the reader decodes is held back (its sends block or queue on its
+#: side) instead of growing this process's memory without bound.
+OUTPUT_RCVHWM: Final = 10_000
+
 
 @attrs.define
 class BoundSockets:
@@ -40,6 +62,8 @@ class BoundSockets:
     handshake: ZmqSocket | None
     input_address: str
     output_address: str
+    #: Output messages that arrived during the handshake, for the reader to dispatch first.
+    early_outputs: list[list[zmq.Frame]] = attrs.field(factory=list)
 
     def close(self) -> None:
         for sock in (self.handshake, self.input, self.output):
@@ -55,6 +79,7 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         sockets.append(inp)
         out = ZmqSocket(context, zmq.PULL, max_message_size=config.max_message_size)
         sockets.append(out)
+        out.raw.setsockopt(zmq.RCVHWM, OUTPUT_RCVHWM)
         input_address = inp.bind(config.input_address or bind_address(config.advertised_host))
         output_address = out.bind(config.output_address or bind_address(config.advertised_host))
         handshake = None
@@ -74,13 +99,25 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
     """Complete the handshake with every engine; returns their ready responses by rank.
 
     Raises :class:`HandshakeTimeoutError` naming the stage and the engines still missing
-    after ``config.ready_timeout`` seconds, or :class:`HandshakeError` on a bad message.
+    after ``config.ready_timeout`` seconds, :class:`HandshakeError` on a bad message from an
+    engine, or :class:`EngineDeadError` if an engine sends ``ENGINE_CORE_DEAD`` first.
     """
     expected = {engine_identity(rank): rank for rank in config.engine_ranks}
     hello: set[int] = set()
     ready: set[int] = set()
     registered: dict[int, EngineCoreReadyResponse] = {}
     init = encode_init(HandshakeAddresses([sockets.input_address], [sockets.output_address]))
+
+    junk = 0
+
+    def ignore(identity: bytes, where: str, why: str) -> None:
+        nonlocal junk
+        junk += 1
+        if junk <= MAX_JUNK_LOGGED:
+            logger.warning("ignoring a message on the %s socket from %r, which is not an "
+                           "expected engine: %s", where, identity[:16], why)
+        elif junk == MAX_JUNK_LOGGED + 1:
+            logger.warning("ignoring more junk on the handshake sockets without logging it")
 
     def rank_of(identity: bytes, what: str) -> int:
         rank = expected.get(identity)
@@ -94,11 +131,20 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
     async def handshake_loop(sock: ZmqSocket) -> None:
         while len(ready) < len(expected):
             frames = await sock.receive()
-            if len(frames) != 2:
-                raise HandshakeError(f"handshake: expected [identity, message], got "
-                                     f"{len(frames)} frames")
             identity = bytes(frames[0].buffer)
-            message = decode_status(bytes(frames[1].buffer))
+            if len(frames) != 2:
+                if identity not in expected:
+                    ignore(identity, "handshake", f"{len(frames)} frames")
+                    continue
+                raise HandshakeError(f"handshake: expected [identity, message] from engine "
+                                     f"{expected[identity]}, got {len(frames)} frames")
+            try:
+                message = decode_status(bytes(frames[1].buffer))
+            except GenoutError as exc:
+                if identity not in expected:
+                    ignore(identity, "handshake", str(exc))
+                    continue
+                raise HandshakeError(f"engine {expected[identity]}: {exc}") from None
             rank = rank_of(identity, message.status.value)
             if message.status is EngineStatus.HELLO:
                 if rank in hello:
@@ -118,17 +164,23 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
     async def registration_loop(sock: ZmqSocket) -> None:
         while len(registered) < len(expected):
             frames = await sock.receive()
-            if len(frames) != 2:
-                raise HandshakeError(f"input registration: expected [identity, message], got "
-                                     f"{len(frames)} frames")
             identity = bytes(frames[0].buffer)
+            if len(frames) != 2:
+                if identity not in expected:
+                    ignore(identity, "input", f"{len(frames)} frames")
+                    continue
+                raise HandshakeError(f"input registration: expected [identity, message] from "
+                                     f"engine {expected[identity]}, got {len(frames)} frames")
+            try:
+                response = decode_ready_response(bytes(frames[1].buffer))
+            except GenoutError as exc:
+                if identity not in expected:
+                    ignore(identity, "input", str(exc))
+                    continue
+                raise HandshakeError(f"engine {expected[identity]}: {exc}") from None
             rank = rank_of(identity, "input registration")
             if rank in registered:
                 raise HandshakeError(f"duplicate input registration from engine {rank}")
-            try:
-                response = decode_ready_response(bytes(frames[1].buffer))
-            except ProtocolError as exc:
-                raise HandshakeError(f"engine {rank}: {exc}") from None
             if config.check_version:
                 check_version(response.vllm_version)
             registered[rank] = response
@@ -143,6 +195,24 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
             return "input registration", [r for r in ranks if r not in registered]
         return "READY", [r for r in ranks if r not in ready]
 
+    async def watch_outputs(sock: ZmqSocket) -> None:
+        """Fail at once on ENGINE_CORE_DEAD; keep anything else for the reader."""
+        while True:
+            frames = sock.receive_nowait()
+            if frames is None:
+                await sock.wait_readable()
+                continue
+            if len(frames) == 1 and bytes(frames[0].buffer) == ENGINE_CORE_DEAD:
+                stage, absent = missing()
+                raise EngineDeadError(
+                    f"an engine core sent ENGINE_CORE_DEAD during start-up, before READY "
+                    f"(waiting for {stage} from engine(s) "
+                    f"{', '.join(map(str, absent)) or 'none'})")
+            if len(sockets.early_outputs) >= MAX_EARLY_OUTPUTS:
+                raise ProtocolError(f"more than {MAX_EARLY_OUTPUTS} output messages arrived "
+                                    f"before every engine was READY")
+            sockets.early_outputs.append(frames)
+
     failure: list[GenoutError] = []
 
     async def guarded(fn: Any, sock: ZmqSocket, scope: anyio.CancelScope) -> None:
@@ -154,9 +224,13 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
 
     with anyio.move_on_after(config.ready_timeout) as timeout_scope:
         async with anyio.create_task_group() as tg:
-            if sockets.handshake is not None:
-                tg.start_soon(guarded, handshake_loop, sockets.handshake, tg.cancel_scope)
-            tg.start_soon(guarded, registration_loop, sockets.input, tg.cancel_scope)
+            tg.start_soon(guarded, watch_outputs, sockets.output, tg.cancel_scope)
+            async with anyio.create_task_group() as stages:
+                if sockets.handshake is not None:
+                    stages.start_soon(guarded, handshake_loop, sockets.handshake,
+                                      tg.cancel_scope)
+                stages.start_soon(guarded, registration_loop, sockets.input, tg.cancel_scope)
+            tg.cancel_scope.cancel()  # every engine is ready: stop watching the outputs
     if failure:
         raise failure[0]
     if timeout_scope.cancelled_caught:
