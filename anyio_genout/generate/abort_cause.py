@@ -3,10 +3,22 @@
 The engine is told to abort in every case; the cause only changes what the metrics record
 (``DROPPED_STREAM`` counts ``finished_reason="abort"``, ``STOP_STRING_MATCHED`` counts
 ``"stop"``) and the log level (info vs debug). It is read from a context variable in the task
-that leaves the scope, so a layer above that stops a stream on purpose writes::
+that leaves the scope. The ``with`` block must enclose the request's ``async with`` (the
+variable is read when that block exits)::
 
     with abort_cause(AbortCause.STOP_STRING_MATCHED):
-        break  # or return, or leave the ``async with``
+        async with client.generate(request) as stream:
+            async for out in stream:
+                if matched(out):
+                    break
+
+or, to name the cause for one exit only, close the stream explicitly::
+
+    async with client.generate(request) as stream:
+        async for out in stream:
+            if matched(out):
+                stream.close(AbortCause.STOP_STRING_MATCHED)
+                break
 """
 
 from __future__ import annotations

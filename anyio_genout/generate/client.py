@@ -35,7 +35,13 @@ class ClientConfig:
     eos_token_id: int | None = None
     vocab_size: int | None = None
     registry: CollectorRegistry | None = attrs.field(default=None, eq=False)
-    log_stats_interval: float | None = None
+    log_stats_interval: float | None = attrs.field(default=None)
+
+    @log_stats_interval.validator
+    def _check_interval(self, attribute: attrs.Attribute[float | None],
+                        value: float | None) -> None:
+        if value is not None and not value > 0:
+            raise ValueError(f"log_stats_interval must be positive or None, got {value!r}")
 
 
 class Client:
@@ -79,8 +85,9 @@ class Client:
     def generate(self, request: GenerateRequest) -> GenerateStream:
         """Start ``request``: ``async with client.generate(request) as stream:``.
 
-        Raises :class:`~anyio_genout.InvalidRequestError` before any I/O for an invalid
-        request. See :class:`GenerateStream` for what leaving the block early does.
+        An empty prompt raises :class:`~anyio_genout.InvalidRequestError` here; every other
+        check runs when the ``async with`` block is entered, before anything is sent. See
+        :class:`GenerateStream` for what leaving the block early does.
         """
         internal = internal_request_id(request.request_id, self._config.randomize_request_ids)
         engine_request = request.to_engine_request(internal,
@@ -113,6 +120,7 @@ class _ClientConnection:
         self._config = attrs.evolve(config, engine=engine_config)
         self._connection = EngineCoreClient.connect(engine_config)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._client: Client | None = None
 
     async def __aenter__(self) -> Client:
         engine = await self._connection.__aenter__()
@@ -121,11 +129,13 @@ class _ClientConnection:
             if self._config.log_stats_interval is not None:
                 self._tg = anyio.create_task_group()
                 await self._tg.__aenter__()
+                interval = self._config.log_stats_interval
                 self._tg.start_soon(lambda: log_stats_periodically(
-                    client.metrics, interval=self._config.log_stats_interval or 10.0))
+                    client.metrics, interval=interval))
         except BaseException as exc:
             await self._connection.__aexit__(type(exc), exc, exc.__traceback__)
             raise
+        self._client = client
         return client
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
@@ -135,4 +145,7 @@ class _ClientConnection:
                 self._tg.cancel_scope.cancel()
                 await self._tg.__aexit__(None, None, None)
         finally:
+            if self._client is not None and self._config.registry is not None:
+                # A shared registry must be free for the next connection's metrics.
+                self._client.metrics.unregister()
             await self._connection.__aexit__(exc_type, exc, tb)

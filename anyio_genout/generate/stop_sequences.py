@@ -12,12 +12,16 @@ __all__ = ["StopSequenceMatcher"]
 
 
 class StopSequenceMatcher:
-    __slots__ = ("_longest", "_sequences", "_tail")
+    """Finds the first stop sequence that ends at or after output token ``min_tokens``."""
 
-    def __init__(self, sequences: Sequence[Sequence[int]]) -> None:
+    __slots__ = ("_count", "_longest", "_min_tokens", "_sequences", "_tail")
+
+    def __init__(self, sequences: Sequence[Sequence[int]], min_tokens: int = 0) -> None:
         self._sequences = [tuple(s) for s in sequences if s]
         self._longest = max((len(s) for s in self._sequences), default=0)
         self._tail: list[int] = []
+        self._min_tokens = min_tokens
+        self._count = 0
 
     def feed(self, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]] | None:
         """Feed one step's tokens; on a match return (tokens of this step to keep, sequence).
@@ -28,6 +32,9 @@ class StopSequenceMatcher:
         window = self._tail
         for i, token in enumerate(tokens):
             window.append(token)
+            self._count += 1
+            if self._count < self._min_tokens:
+                continue  # like vLLM's stop strings, no stop before min_tokens
             for seq in self._sequences:
                 n = len(seq)
                 if len(window) >= n and window[-1] == seq[-1] and tuple(window[-n:]) == seq:

@@ -20,7 +20,7 @@ from ..engine import EngineCoreOutputStream
 from ..errors import SamplingMaskMismatchError
 from ..metrics import RequestTracker
 from ..protocol import EngineCoreRequest, Logprobs, SamplingMask
-from .abort_cause import AbortCause, abort_cause
+from .abort_cause import AbortCause
 from .inflight import InflightGuard
 from .output import (
     CollectedGenerateOutput,
@@ -56,7 +56,8 @@ class GenerateStream:
         self._tracker: RequestTracker | None = None
         self._guard: InflightGuard | None = None
         sequences = engine_request.sampling_params.stop_token_sequences
-        self._matcher = StopSequenceMatcher(sequences) if sequences else None
+        self._matcher = (StopSequenceMatcher(
+            sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._prompt_pending = True
         self._done = False
 
@@ -78,8 +79,7 @@ class GenerateStream:
                 engine_index=raw.engine_index,
                 arrival_time=request.arrival_time,
                 prompt_len=len(request.prompt_token_ids),
-                max_tokens=(request.max_tokens if request.max_tokens is not None
-                            else request.sampling_params.max_tokens),
+                max_tokens=_resolved_max_tokens(request, client.engine.max_model_len),
             )
             self._guard = client._inflight.track(self._external_id, request.request_id)
         except BaseException as exc:
@@ -95,13 +95,14 @@ class GenerateStream:
         assert self._scope is not None
         return bool(self._scope.__exit__(exc_type, exc, tb))
 
-    def _release(self) -> None:
+    def _release(self, cause: AbortCause | None = None) -> None:
         """Close the request (abort it if live), record an early exit, release tracking."""
         raw = self._raw
         if raw is not None and not self._done:
             self._done = True
             if not raw.terminated:
-                cause = AbortCause.current()
+                if cause is None:
+                    cause = AbortCause.current()
                 tracker = self._tracker
                 if tracker is not None and not tracker.finished:
                     tracker.record_finished(time.time(), cause.finished_reason)
@@ -114,6 +115,16 @@ class GenerateStream:
         if self._guard is not None:
             self._guard.release()
             self._guard = None
+
+    def close(self, cause: AbortCause | None = None) -> None:
+        """Finish with this request now: abort it in the engine if it is still running.
+
+        ``cause`` overrides :meth:`AbortCause.current` for the metrics (e.g.
+        ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above matched a stop
+        condition). Synchronous and idempotent; leaving the ``async with`` block afterwards
+        does nothing more. Iterating a closed stream ends it.
+        """
+        self._release(cause)
 
     def cancel(self) -> None:
         """Cancel the request's scope: the body stops at its next checkpoint, the request
@@ -147,6 +158,9 @@ class GenerateStream:
         raw = self._raw
         if raw is None:
             raise RuntimeError("use `async with client.generate(...) as stream` first")
+        if self._done and not raw.terminated:
+            await anyio.lowlevel.checkpoint()
+            raise StopAsyncIteration
         item = await raw.__anext__()
         received_at = time.time()
         output = item.output
@@ -202,10 +216,18 @@ class GenerateStream:
             tracker.record_finished(received_at, finish.as_str())
             if matched is not None and not raw.terminated:
                 # The client matched a stop sequence: free the engine's request, on purpose.
-                with abort_cause(AbortCause.STOP_STRING_MATCHED):
-                    self._release()
+                self._release(AbortCause.STOP_STRING_MATCHED)
         return result
 
     async def collect_output(self) -> CollectedGenerateOutput:
         """Gather the rest of this stream (see :func:`collect_output`)."""
         return await collect_output(self)
+
+
+def _resolved_max_tokens(request: EngineCoreRequest, max_model_len: int) -> int:
+    """The output-token cap the engine will apply (vLLM's front end fills it in likewise)."""
+    if request.max_tokens is not None:
+        return request.max_tokens
+    if request.sampling_params.max_tokens is not None:
+        return request.sampling_params.max_tokens
+    return max_model_len - len(request.prompt_token_ids)
