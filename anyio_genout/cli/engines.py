@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any
 
@@ -18,13 +20,49 @@ from ..errors import EngineDeadError
 from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
 
-__all__ = ["ClientSession", "free_tcp_port"]
+__all__ = ["ClientSession", "Interrupt", "free_tcp_port", "interruptible"]
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+class Interrupt:
+    """Set by :func:`interruptible` when SIGINT or SIGTERM cancelled its body."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.signal is not None
+
+
+@asynccontextmanager
+async def interruptible() -> AsyncIterator[Interrupt]:
+    """``async with interruptible() as interrupted``: the first SIGINT/SIGTERM cancels the body.
+
+    The body leaves by cancellation, so every open ``client.generate`` scope aborts its
+    request in the engine and the client flushes those ABORTs as it closes; afterwards
+    ``interrupted`` is true. Handling the signals explicitly (instead of relying on
+    KeyboardInterrupt) covers SIGTERM and trio alike, and a process started with SIGINT
+    ignored still stops. A second signal, after the first was handled, gets the default
+    behaviour (KeyboardInterrupt / termination), so a stuck shutdown can still be forced.
+    """
+    interrupt = Interrupt()
+    async with anyio.create_task_group() as tg:
+        async def watch(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for signum in signals:
+                    interrupt.signal = signum
+                    tg.cancel_scope.cancel()
+                    return
+
+        await tg.start(watch)
+        yield interrupt
+        tg.cancel_scope.cancel()
 
 
 class ClientSession:

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..generate import GenerateRequest
-from .engines import ClientSession
+from .engines import ClientSession, interruptible
 from .options import add_engine_options, add_sampling_options, parse_token_ids, sampling_from_args
 
 __all__ = ["add_parser", "run"]
@@ -31,11 +31,12 @@ async def run(args: argparse.Namespace) -> int:
     request = GenerateRequest(request_id=args.request_id,
                               prompt_token_ids=args.prompt_token_ids,
                               sampling_params=sampling_from_args(args))
-    async with ClientSession(args) as client:
+    start = time.time()
+    first: float | None = None
+    count = 0
+    finish = None
+    async with interruptible() as interrupted, ClientSession(args) as client:
         start = time.time()
-        first: float | None = None
-        count = 0
-        finish = None
         async with client.generate(request) as stream:
             async for out in stream:
                 if out.token_ids:
@@ -45,8 +46,11 @@ async def run(args: argparse.Namespace) -> int:
                     sys.stdout.write(" ".join(map(str, out.token_ids)) + " ")
                     sys.stdout.flush()
                 finish = out.finish_reason
-        end = time.time()
+    end = time.time()
     sys.stdout.write("\n")
+    if interrupted:
+        print(f"anyio-genout: interrupted after {count} token(s)", file=sys.stderr)
+        return 130
     ttft = (first - start) if first is not None else float("nan")
     rate = count / (end - first) if first is not None and end > first else float("nan")
     print(f"finish_reason={finish} prompt_tokens={len(request.prompt_token_ids)} "

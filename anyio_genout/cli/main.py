@@ -7,7 +7,7 @@ import logging
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn, cast
 
 import anyio
 
@@ -17,11 +17,23 @@ from . import generate_cmd, run_cmd
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (the full usage is in ``--help``).
+
+    argparse's default prints the whole usage block first, which for these commands is
+    twenty lines that bury the one line that matters. Subparsers inherit the class.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="anyio-genout",
         description="A structured-concurrency client for vLLM engine cores.")
-    subparsers = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    subparsers = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+                      parser.add_subparsers(title="commands", required=True, metavar="COMMAND"))
     generate_cmd.add_parser(subparsers)
     run_cmd.add_parser(subparsers)
     mock = subparsers.add_parser(
@@ -61,15 +73,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_backend(args.command, args)
     except KeyboardInterrupt:
-        print("anyio-genout: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except (GenoutError, OSError) as exc:
         return _report(args, exc)
     except BaseExceptionGroup as group:
         errors = _flatten(group)
+        # trio raises Ctrl-C inside whichever task runs, so it can arrive wrapped in groups.
+        if any(isinstance(error, KeyboardInterrupt) for error in errors):
+            return _interrupted()
         if len(errors) == 1 and isinstance(errors[0], GenoutError | OSError):
             return _report(args, errors[0])
         raise
+
+
+def _interrupted() -> int:
+    print("anyio-genout: interrupted", file=sys.stderr)
+    return 130
 
 
 def _flatten(group: BaseExceptionGroup[Any]) -> list[BaseException]:
@@ -85,7 +104,10 @@ def _flatten(group: BaseExceptionGroup[Any]) -> list[BaseException]:
 def _report(args: argparse.Namespace, exc: BaseException) -> int:
     if args.debug:
         traceback.print_exception(exc)
-    print(f"anyio-genout: error: {exc}", file=sys.stderr)
+    # Name the error class (the error reference is indexed by it), except the plain base
+    # class the commands raise for their own one-line messages.
+    name = "" if type(exc) is GenoutError else f"{type(exc).__name__}: "
+    print(f"anyio-genout: error: {name}{exc}", file=sys.stderr)
     return 1
 
 

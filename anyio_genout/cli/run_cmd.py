@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import time
 from typing import IO, Any
@@ -22,7 +21,7 @@ import anyio.abc
 
 from ..errors import GenoutError, InvalidRequestError
 from ..generate import Client, GenerateRequest
-from .engines import ClientSession
+from .engines import ClientSession, interruptible
 from .options import add_engine_options, dumps, sampling_from_mapping
 
 __all__ = ["add_parser", "run"]
@@ -95,10 +94,15 @@ class _Progress:
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
 
+    def restart(self) -> None:
+        """Start the clock (rates and ETA exclude the wait for engines)."""
+        self.started = time.monotonic()
+
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else math.inf
+        finished = self.done + self.failed
+        rate = finished / elapsed
+        eta = (self.total - finished) / rate if rate > 0 else math.inf
         eta_text = f"{eta:.0f}s" if math.isfinite(eta) else "?"
         return (f"{self.done}/{self.total} done, {self.failed} failed, "
                 f"{self.tokens / elapsed:.0f} tokens/s, ETA {eta_text}")
@@ -119,7 +123,7 @@ async def run(args: argparse.Namespace) -> int:
         if args.input == "-":
             requests, problems = parse_requests(sys.stdin)
         else:
-            with open(args.input, encoding="utf-8") as fh:
+            with open(args.input, encoding="utf-8") as fh:  # noqa: ASYNC230 - before any I/O
                 requests, problems = parse_requests(fh)
     except OSError as exc:
         raise GenoutError(f"cannot read {args.input}: {exc.strerror}") from None
@@ -132,30 +136,22 @@ async def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise GenoutError("--concurrency must be at least 1")
     try:
-        out = open(args.output, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+        out = open(args.output, "a", encoding="utf-8")  # noqa: SIM115, ASYNC230 - closed below
     except OSError as exc:
         raise GenoutError(f"cannot write {args.output}: {exc.strerror}") from None
     progress = _Progress(len(requests), not args.no_progress)
-    interrupted = False
     failures: list[str] = []
     try:
-        async with ClientSession(args) as client:
+        # The signal watcher also covers the start-up (e.g. waiting for engines to dial in).
+        async with interruptible() as interrupted, ClientSession(args) as client:
             server = None
             if args.metrics_port is not None:
                 from prometheus_client import start_http_server
 
                 server = start_http_server(args.metrics_port, registry=client.metrics.registry)
             try:
+                progress.restart()
                 async with anyio.create_task_group() as tg:
-                    async def on_signal() -> None:
-                        nonlocal interrupted
-                        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as sigs:
-                            async for _ in sigs:
-                                interrupted = True
-                                tg.cancel_scope.cancel()
-                                return
-
-                    tg.start_soon(on_signal)
                     tg.start_soon(progress.show)
                     await _run_all(client, requests, args.concurrency, out, progress, failures)
                     tg.cancel_scope.cancel()
@@ -169,6 +165,9 @@ async def run(args: argparse.Namespace) -> int:
     print(f"anyio-genout: {progress.line()}", file=sys.stderr)
     for failure in failures[:20]:
         print(f"anyio-genout: failed: {failure}", file=sys.stderr)
+    if len(failures) > 20:
+        print(f"anyio-genout: ... and {len(failures) - 20} more failed request(s) "
+              f"(see their \"error\" lines in {args.output})", file=sys.stderr)
     if interrupted:
         print(f"anyio-genout: interrupted; {progress.done} finished result(s) kept in "
               f"{args.output}", file=sys.stderr)

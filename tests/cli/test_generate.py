@@ -1,0 +1,106 @@
+"""``anyio-genout generate`` as a user runs it: embedded mock, backends, usage and engine errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anyio_genout.mock import greedy_tokens
+
+from .support import COMMAND_TIMEOUT, cli, free_port
+
+SUMMARY = re.compile(r"^finish_reason=length prompt_tokens=3 output_tokens=(\d+) "
+                     r"ttft=(\d+\.\d)ms tokens/s=(\d+\.\d) total=(\d+\.\d)ms$")
+
+
+def summary(stderr: str) -> re.Match[str]:
+    match = SUMMARY.match(stderr.strip().splitlines()[-1])
+    assert match, stderr
+    return match
+
+
+@pytest.mark.parametrize("backend", [
+    "asyncio",
+    pytest.param("uvloop", marks=pytest.mark.skipif(
+        importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed")),
+    "trio",
+])
+def test_generate_streams_tokens_then_a_summary(backend: str) -> None:
+    done = cli("generate", "--prompt-token-ids", "1,2,3", "--max-tokens", "24", "--ignore-eos",
+               "--backend", backend)
+    assert done.returncode == 0, done.stderr
+    tokens = [int(t) for t in done.stdout.split()]
+    assert len(tokens) == 24
+    assert tokens == greedy_tokens([1, 2, 3], 24)  # the CLI is greedy by default
+    assert done.stdout.endswith("\n")
+    match = summary(done.stderr)
+    assert int(match[1]) == 24
+    assert float(match[2]) >= 0 and float(match[3]) > 0
+    assert "Traceback" not in done.stderr
+
+
+def test_readme_first_command_through_the_console_script() -> None:
+    """``anyio-genout generate --prompt-token-ids 1,2,3 --max-tokens 32``, verbatim."""
+    script = Path(sys.executable).with_name("anyio-genout")
+    found = str(script) if script.exists() else shutil.which("anyio-genout")
+    if found is None:
+        pytest.skip("the anyio-genout console script is not installed")
+    done = subprocess.run([found, "generate", "--prompt-token-ids", "1,2,3",
+                           "--max-tokens", "32"], capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 32
+    assert int(summary(done.stderr)[1]) == 32
+
+
+def test_bad_prompt_token_ids_is_a_one_line_usage_error() -> None:
+    done = cli("generate", "--prompt-token-ids", "x,y")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("anyio-genout generate: error: argument --prompt-token-ids")
+    assert "'x,y'" in lines[0]
+
+
+@pytest.mark.parametrize("argv", [[], ["frob"], ["run"],
+                                  ["generate", "--prompt-token-ids", "1", "--max-tokens", "x"]])
+def test_every_usage_error_is_one_line_and_exit_2(argv: list[str]) -> None:
+    done = cli(*argv)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "error:" in done.stderr and "--help" in done.stderr
+
+
+def waiting_for_no_engine(*extra: str) -> subprocess.CompletedProcess[str]:
+    port = free_port()
+    done = cli("generate", "--prompt-token-ids", "1,2,3", "--handshake-address",
+               f"tcp://127.0.0.1:{port}", "--ready-timeout", "0.5", *extra)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    # While it waits it tells how to start the engines it serves.
+    assert (f"vllm serve <model> --headless --data-parallel-address 127.0.0.1 "
+            f"--data-parallel-rpc-port {port}") in done.stderr
+    return done
+
+
+def test_engine_error_is_one_line_without_debug() -> None:
+    done = waiting_for_no_engine()
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("anyio-genout: error: HandshakeTimeoutError: ")
+    assert "HELLO" in last and "0.5 s" in last
+    assert "Traceback" not in done.stderr
+
+
+def test_debug_shows_the_traceback() -> None:
+    done = waiting_for_no_engine("--debug")
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "anyio_genout.errors.HandshakeTimeoutError" in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "anyio-genout: error: HandshakeTimeoutError: ")
