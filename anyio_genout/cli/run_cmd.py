@@ -40,6 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="refuse to start if any input line is invalid (default: skip it)")
     parser.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve the Prometheus metrics over HTTP while running")
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="interface for --metrics-port (default loopback only)")
     parser.add_argument("--no-progress", action="store_true")
     add_engine_options(parser)
     parser.set_defaults(command=run)
@@ -136,7 +138,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise GenoutError("--concurrency must be at least 1")
     try:
-        out = open(args.output, "a", encoding="utf-8")  # noqa: SIM115, ASYNC230 - closed below
+        out = open(args.output, "w", encoding="utf-8")  # noqa: SIM115, ASYNC230 - closed below
     except OSError as exc:
         raise GenoutError(f"cannot write {args.output}: {exc.strerror}") from None
     progress = _Progress(len(requests), not args.no_progress)
@@ -148,7 +150,8 @@ async def run(args: argparse.Namespace) -> int:
             if args.metrics_port is not None:
                 from prometheus_client import start_http_server
 
-                server = start_http_server(args.metrics_port, registry=client.metrics.registry)
+                server = start_http_server(args.metrics_port, addr=args.metrics_host,
+                                           registry=client.metrics.registry)
             try:
                 progress.restart()
                 async with anyio.create_task_group() as tg:

@@ -79,6 +79,10 @@ def test_run_with_only_valid_lines_exits_0(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert sorted(r["request_id"] for r in read_results(results)) == sorted(
         f"r{i}" for i in range(10))
+    # Running again rewrites the file: no duplicated request ids.
+    again = cli("run", str(requests), "-o", str(results), "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert len(read_results(results)) == 10
 
 
 def test_strict_refuses_to_start(tmp_path: Path) -> None:
