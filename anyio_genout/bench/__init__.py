@@ -1,0 +1,21 @@
+"""``anyio-genout bench``: delivered tokens per second and client CPU per token.
+
+The engine is the mock engine core (:mod:`anyio_genout.mock`) in its own process, stepping as
+fast as it can; the client runs in the benchmark process, so the benchmark process's CPU time
+is the client's cost. Every measured combination of implementation, backend and workload (a
+*cell*) runs in a fresh subprocess (:mod:`.cell`) with its own engine process.
+
+Implementations: ``ours`` (:class:`~anyio_genout.Client` on asyncio, asyncio+uvloop and
+trio), ``floor`` (a bare synchronous pyzmq client that only unpacks messages and counts
+tokens: what any Python front end must at least spend) and ``vllm`` (vLLM's ``AsyncLLM``
+with an external engine, run by ``nox -s bench-vllm`` in the interop environment).
+
+Modules: :mod:`.cli` (the command line and the orchestration), :mod:`.spec` (cell
+descriptions and results), :mod:`.measure` (CPU, wall and memory meters, the engine process),
+:mod:`.ours`, :mod:`.floor`, :mod:`.vllm_ref` (the three implementations), :mod:`.report`
+(ratios, targets, the table) and :mod:`.plot` (the PNG).
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

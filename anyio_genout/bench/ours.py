@@ -1,0 +1,265 @@
+"""The workloads on our :class:`~anyio_genout.Client` (asyncio, asyncio+uvloop or trio).
+
+Every request is consumed the way an application would:
+``async with client.generate(request) as stream: async for out in stream``, and building the
+:class:`~anyio_genout.GenerateRequest` counts as client work.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from .. import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    GenerateRequest,
+    SamplingParams,
+)
+from .measure import EngineProcess, Meter, free_port, freeze_gc, rss_bytes
+from .spec import CellSpec, Result, percentile, summarise
+
+__all__ = ["prompt", "run"]
+
+
+def prompt(length: int, seed: int = 0) -> tuple[int, ...]:
+    """A deterministic prompt of ``length`` token ids, all ordinary tokens of the tiny model
+    (vocabulary 1024, ids 0-3 special) that the vLLM reference loads."""
+    return tuple(4 + (seed * 7919 + i * 104729) % 1000 for i in range(length))
+
+
+def run(spec: CellSpec) -> Result:
+    """Start the engine, connect, warm up, freeze the GC heap, measure ``spec``."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with EngineProcess(address, spec) as engine:
+        backend, options = spec.backend, {}
+        if backend == "uvloop":
+            backend, options = "asyncio", {"use_uvloop": True}
+        result: Result = anyio.run(_main, spec, engine, address, backend=backend,
+                                   backend_options=options)
+        engine.check_alive()
+        return result
+
+
+async def _main(spec: CellSpec, engine: EngineProcess, address: str) -> Result:
+    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+                                                        ready_timeout=60.0))
+    async with Client.connect(config) as client:
+        await _warm_up(client, spec)
+        frozen = freeze_gc()
+        meter = Meter(spec, engine)
+        body = _WORKLOADS[spec.workload]
+        profiler: Any = None
+        if spec.profile:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.0005, async_mode="disabled")
+            profiler.start()
+        try:
+            extra = await body(client, spec, meter)
+        finally:
+            if profiler is not None:
+                profiler.stop()
+        if profiler is not None and spec.profile is not None:
+            from .profile import write_profile
+
+            extra["profile"] = write_profile(profiler, spec.profile)
+    result = summarise(spec, meter.samples) if meter.samples else {}
+    result.update(extra)
+    result["gc_frozen_objects"] = frozen
+    result["gc_collections"] = [s["collections"] for s in gc.get_stats()]
+    return result
+
+
+async def _warm_up(client: Client, spec: CellSpec) -> None:
+    """A few requests through every code path, so imports and caches are not measured."""
+    await _streams(client, min(spec.concurrency, 64) if spec.workload != "memory" else 16, 8,
+                   prompt(spec.prompt_len, 1), "warm")
+
+
+async def _streams(client: Client, count: int, tokens: int, ids: tuple[int, ...],
+                   tag: str) -> int:
+    """``count`` concurrent streams of ``tokens`` tokens each; returns tokens delivered."""
+    delivered = 0
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+
+    async def one(i: int) -> None:
+        nonlocal delivered
+        n = 0
+        request = GenerateRequest(request_id=f"{tag}-{i}", prompt_token_ids=ids,
+                                  sampling_params=params)
+        async with client.generate(request) as stream:
+            async for out in stream:
+                n += len(out.token_ids)
+        delivered += n
+
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(one, i)
+    return delivered
+
+
+async def _throughput(client: Client, spec: CellSpec, meter: Meter) -> Result:
+    ids = prompt(spec.prompt_len)
+    expected = spec.concurrency * spec.tokens
+    complete = True
+    rounds = 0
+    while meter.more():
+        started = meter.start()
+        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}")
+        meter.stop(started, tokens=tokens, requests=spec.concurrency)
+        complete = complete and tokens == expected
+        rounds += 1
+    return {"complete": complete}
+
+
+async def _latency(client: Client, spec: CellSpec, meter: Meter) -> Result:
+    """One request at a time on a paced engine (every output arrives on its own).
+
+    Measures ``generate()`` entry to the first output (wall time) and, per later output, the
+    main thread's CPU time spent since the previous output: the cost of delivering one output
+    to an otherwise idle client (waiting in the event loop costs no CPU).
+    """
+    ids = prompt(spec.prompt_len)
+    params = SamplingParams(max_tokens=spec.tokens, ignore_eos=True, temperature=0.0)
+    first: list[float] = []
+    per_output: list[float] = []
+    clock, cpu_clock = time.perf_counter, time.thread_time
+    count = spec.requests or 100
+    pause = 2 * spec.engine_step_time
+    tokens = 0
+    for i in range(count):
+        await anyio.sleep(pause)  # the engine's pacing must not delay the next first step
+        started = meter.start()
+        t0 = clock()
+        request = GenerateRequest(request_id=f"l{i}", prompt_token_ids=ids,
+                                  sampling_params=params)
+        previous = 0.0
+        n = 0
+        async with client.generate(request) as stream:
+            async for out in stream:
+                now = cpu_clock()
+                if previous:
+                    per_output.append(now - previous)
+                else:
+                    first.append(clock() - t0)
+                previous = now
+                n += len(out.token_ids)
+        meter.stop(started, tokens=n, requests=1)
+        tokens += n
+    return latency_figures(first, per_output, complete=tokens == count * spec.tokens)
+
+
+def latency_figures(first: list[float], per_output: list[float], *, complete: bool) -> Result:
+    return {
+        "complete": complete,
+        "first_output_p50_us": percentile(first, 50) * 1e6,
+        "first_output_p99_us": percentile(first, 99) * 1e6,
+        "per_output_cpu_p50_us": percentile(per_output, 50) * 1e6,
+        "per_output_cpu_p99_us": percentile(per_output, 99) * 1e6,
+    }
+
+
+async def _churn(client: Client, spec: CellSpec, meter: Meter) -> Result:
+    """``requests`` short requests (1..4 tokens) per round, ``concurrency`` at a time."""
+    ids = prompt(spec.prompt_len)
+    params = [SamplingParams(max_tokens=t, ignore_eos=True, temperature=0.0)
+              for t in (1, 2, 3, 4)]
+    total = spec.requests or 2000
+    expected = sum(1 + k % 4 for k in range(total))
+    complete = True
+    rounds = 0
+    while meter.more():
+        next_index = 0
+        delivered = 0
+
+        async def worker(tag: str) -> None:
+            nonlocal next_index, delivered
+            while next_index < total:
+                k = next_index
+                next_index += 1
+                request = GenerateRequest(request_id=f"{tag}-{k}", prompt_token_ids=ids,
+                                          sampling_params=params[k % 4])
+                async with client.generate(request) as stream:
+                    async for out in stream:
+                        delivered += len(out.token_ids)
+
+        started = meter.start()
+        async with anyio.create_task_group() as tg:
+            for _ in range(spec.concurrency):
+                tg.start_soon(worker, f"c{rounds}")
+        meter.stop(started, tokens=delivered, requests=total)
+        complete = complete and delivered == expected
+        rounds += 1
+    return {"complete": complete}
+
+
+async def _memory(client: Client, spec: CellSpec, meter: Meter) -> Result:
+    """``requests`` streams in flight at once (the engine runs a few, slowly): RSS each."""
+    count = spec.requests or 10_000
+    ids = prompt(spec.prompt_len)
+    params = SamplingParams(max_tokens=spec.tokens, ignore_eos=True, temperature=0.0)
+    base = rss_bytes()
+    entered = 0
+    errors: list[str] = []
+    all_in = anyio.Event()
+
+    async def one(i: int) -> None:
+        nonlocal entered
+        request = GenerateRequest(request_id=f"m{i}", prompt_token_ids=ids,
+                                  sampling_params=params)
+        try:
+            async with client.generate(request) as stream:
+                entered += 1
+                if entered == count:
+                    all_in.set()
+                async for _ in stream:
+                    pass
+        except Exception as exc:  # reported, not raised: the figure is what matters
+            errors.append(repr(exc))
+            all_in.set()
+
+    started = meter.start()
+    held = 0.0
+    peak_inflight = 0
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(one, i)
+        with anyio.move_on_after(60):
+            await all_in.wait()
+        peak_inflight = client.engine.in_flight
+        # Let the engine step a little with everything queued, then hold for a moment.
+        await anyio.sleep(0.5)
+        inflight_after_hold = client.engine.in_flight
+        rss = rss_bytes()
+        held = time.perf_counter()
+        tg.cancel_scope.cancel()
+    meter.stop(started, requests=count)
+    cancel_s = time.perf_counter() - held
+    delta = rss - base
+    return {
+        "inflight": peak_inflight,
+        "inflight_after_hold": inflight_after_hold,
+        "entered": entered,
+        "errors": errors[:3],
+        "rss_base_bytes": base,
+        "rss_inflight_bytes": rss,
+        "rss_delta_bytes": delta,
+        "bytes_per_request": delta / count,
+        "cancel_all_s": cancel_s,
+        "held": peak_inflight >= count and not errors,
+    }
+
+
+Workload = Callable[[Client, CellSpec, Meter], Awaitable[Result]]
+_WORKLOADS: dict[str, Workload] = {
+    "throughput": _throughput,
+    "latency": _latency,
+    "churn": _churn,
+    "memory": _memory,
+}
