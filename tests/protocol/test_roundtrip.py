@@ -526,3 +526,25 @@ def test_one_byte_types_also_decode_with_a_byte_order(name: str) -> None:
     array = decode_array([name, [3], msgpack.ExtType(3, b"\x00\x01\x02")], [b""], "x")
     assert array.dtype == np.dtype(name) and array.tolist() == np.frombuffer(
         b"\x00\x01\x02", name).tolist()
+
+
+@pytest.mark.parametrize("fields", [18, 19])
+def test_plain_and_special_rows_keep_their_order(fields: int) -> None:
+    # Plain decode steps take the fast path, the others the full decoder; order is kept.
+    outputs = []
+    for i in range(40):
+        if i % 7 == 3:
+            outputs.append(EngineCoreOutput(f"r{i}", [i], finish_reason=EngineCoreFinishReason.STOP,
+                                            stop_reason=i))
+        elif i % 11 == 5:
+            outputs.append(EngineCoreOutput(f"r{i}", [], events=[
+                EngineCoreEvent(EngineCoreEventType.QUEUED, 1.0)]))
+        else:
+            outputs.append(EngineCoreOutput(f"r{i}", [i, i + 1], num_nans_in_logits=i % 2))
+    message = EngineCoreOutputs(outputs=outputs, timestamp=5.0)
+    decoded = decode_outputs(encode_outputs(message, fields=fields))
+    assert isinstance(decoded, RequestBatch)
+    assert decoded.message == message
+    assert [type(o) for o in decoded.message.outputs] == [EngineCoreOutput] * 40
+    assert [o.request_id for o in decoded.message.outputs] == [f"r{i}" for i in range(40)]
+    assert all(len(o) == 19 for o in decoded.message.outputs)
