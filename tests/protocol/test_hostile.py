@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from anyio_genout import (
@@ -42,16 +42,10 @@ from anyio_genout.protocol import (
 )
 
 from ._golden import Message, find, messages, plain_unpack
+from ._hyp import fuzz_settings
 
 EOS = "variant-eos-stop-logprobs"
 
-_SETTINGS = settings(
-    max_examples=150,
-    deadline=None,
-    derandomize=True,
-    database=None,  # no .hypothesis directory: derandomized runs replay nothing
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 
 def _pack(value: Any) -> bytes:
@@ -152,7 +146,7 @@ def _sample_golden(messages_: list[Message]) -> st.SearchStrategy[Message]:
 # ------------------------------------------------------------------- raw bytes
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(data=st.binary(max_size=1024))
 def test_random_bytes(data: bytes) -> None:
     _outputs([data])
@@ -163,13 +157,13 @@ def test_random_bytes(data: bytes) -> None:
     _ready(data)
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(frames=st.lists(st.binary(max_size=200), max_size=5))
 def test_random_multipart_messages(frames: list[bytes]) -> None:
     _any_decoder(frames)
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(prefix=st.sampled_from([b"\x99", b"\x93", b"\xdc\x00\x12", b"\x94\x00\xcf", b"\x81"]),
        rest=st.binary(max_size=300))
 def test_random_bytes_after_a_plausible_header(prefix: bytes, rest: bytes) -> None:
@@ -180,7 +174,7 @@ def test_random_bytes_after_a_plausible_header(prefix: bytes, rest: bytes) -> No
 # ------------------------------------------------------------------- mutated frames
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(m=_sample_golden(_GOLDEN), data=st.data())
 def test_bit_flips(m: Message, data: st.DataObject) -> None:
     frames = list(m.frames)
@@ -195,7 +189,7 @@ def test_bit_flips(m: Message, data: st.DataObject) -> None:
     _decoder_for(m)(frames)
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(m=_sample_golden(_GOLDEN), data=st.data())
 def test_truncations_and_splices(m: Message, data: st.DataObject) -> None:
     frames = list(m.frames)
@@ -330,13 +324,13 @@ def _mutated(m: Message, data: st.DataObject) -> list[bytes]:
     return frames
 
 
-@_SETTINGS
+@fuzz_settings(150)
 @given(m=_sample_golden(_GOLDEN), data=st.data())
 def test_value_level_mutations(m: Message, data: st.DataObject) -> None:
     _decoder_for(m)(_mutated(m, data))
 
 
-@settings(_SETTINGS, max_examples=300)
+@fuzz_settings(300)
 @given(m=st.sampled_from(_ARRAYS), data=st.data())
 def test_value_level_mutations_of_logprobs_frames(m: Message, data: st.DataObject) -> None:
     _outputs(_mutated(m, data))
@@ -362,7 +356,7 @@ _data = st.one_of(
 )
 
 
-@settings(_SETTINGS, max_examples=400)
+@fuzz_settings(400)
 @given(m=st.sampled_from(_ARRAYS), data=st.data())
 def test_hostile_array_triples_in_logprobs(m: Message, data: st.DataObject) -> None:
     frames = list(m.frames)

@@ -14,7 +14,7 @@ import attrs
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -59,13 +59,7 @@ from anyio_genout.protocol import (
 )
 from anyio_genout.protocol.packing import pack, unpack
 
-_SETTINGS = settings(
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+from ._hyp import fuzz_settings
 
 # ------------------------------------------------------------------- strategies
 
@@ -190,7 +184,7 @@ def _message(draw: st.DrawFn, fields: int) -> EngineCoreOutputs:
 
 
 @pytest.mark.parametrize("fields", [18, 19])
-@settings(_SETTINGS, max_examples=150)
+@fuzz_settings(150)
 @given(data=st.data())
 def test_outputs_roundtrip(fields: int, data: st.DataObject) -> None:
     message = data.draw(_message(fields))
@@ -215,7 +209,7 @@ def test_outputs_roundtrip(fields: int, data: st.DataObject) -> None:
         assert decoded.message.scheduler_stats.raw == message.scheduler_stats.to_wire()
 
 
-@_SETTINGS
+@fuzz_settings(100)
 @given(data=st.data())
 def test_outputs_roundtrip_through_memoryviews(data: st.DataObject) -> None:
     message = data.draw(_message(18))
@@ -322,7 +316,7 @@ def _expected_params(request: EngineCoreRequest) -> SamplingParams:
     )
 
 
-@settings(_SETTINGS, max_examples=200)
+@fuzz_settings(200)
 @given(request=_request())
 def test_request_roundtrip(request: EngineCoreRequest) -> None:
     try:
@@ -351,7 +345,7 @@ def test_valid_requests_are_common_enough() -> None:
     # Guard for the assume() above: most generated requests are valid.
     valid = 0
 
-    @settings(_SETTINGS, max_examples=50)
+    @fuzz_settings(50)
     @given(request=_request())
     def count(request: EngineCoreRequest) -> None:
         nonlocal valid
@@ -370,7 +364,7 @@ def test_valid_requests_are_common_enough() -> None:
 _reserved = {"status", "local", "headless"}
 
 
-@_SETTINGS
+@fuzz_settings(100)
 @given(status=st.sampled_from(EngineStatus), local=st.booleans(), headless=st.booleans(),
        extra=st.dictionaries(_text.filter(lambda k: k not in _reserved), _json, max_size=3))
 def test_status_roundtrip(status: EngineStatus, local: bool, headless: bool,
@@ -383,7 +377,7 @@ _address = st.from_regex(r"tcp://127\.0\.0\.1:[0-9]{1,5}", fullmatch=True) | \
     st.text(min_size=1, max_size=30)
 
 
-@_SETTINGS
+@fuzz_settings(100)
 @given(addresses=st.builds(
     HandshakeAddresses,
     inputs=st.lists(_address, min_size=1, max_size=3),
@@ -398,7 +392,7 @@ def test_init_roundtrip(addresses: HandshakeAddresses) -> None:
     assert decode_init(encode_init(addresses)) == addresses
 
 
-@_SETTINGS
+@fuzz_settings(100)
 @given(response=st.builds(
     EngineCoreReadyResponse,
     max_model_len=st.integers(1, 2**31), num_gpu_blocks=st.integers(0, 2**31),
@@ -455,7 +449,7 @@ def _assert_placement(value: list[Any], aux: list[bytes | memoryview], raw: byte
 
 
 @pytest.mark.parametrize(("name", "numpy_name"), _CASES, ids=[c[0] for c in _CASES])
-@settings(_SETTINGS, max_examples=12)
+@fuzz_settings(12)
 @given(data=st.data())
 def test_array_roundtrip_at_the_aux_threshold(name: str, numpy_name: str,
                                               data: st.DataObject) -> None:
@@ -479,7 +473,7 @@ def test_array_roundtrip_at_the_aux_threshold(name: str, numpy_name: str,
     assert _roundtrip(inline, [b""]).tobytes() == raw
 
 
-@settings(_SETTINGS, max_examples=60)
+@fuzz_settings(60)
 @given(data=st.data())
 def test_bfloat16_roundtrip_is_float32_truncation(data: st.DataObject) -> None:
     count = data.draw(st.sampled_from(_counts(2)), label="count")
