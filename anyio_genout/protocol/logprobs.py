@@ -208,6 +208,8 @@ def decode_sampling_mask(value: object, frames: AuxFrames, where: str) -> Sampli
     ids = decode_array(value[0], frames, f"{where}.token_ids")
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
         raise ProtocolError(f"{where}.token_ids: expected a 1-d integer array")
+    if ids.size and int(ids.min()) < 0:
+        raise ProtocolError(f"{where}.token_ids: negative token id")
     offsets = None
     if value[1] is not None:
         offsets = decode_array(value[1], frames, f"{where}.offsets")

@@ -30,6 +30,7 @@ from anyio_genout.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     Logprobs,
+    RequestBatch,
     SamplingMask,
     SamplingParams,
     decode_array,
@@ -382,6 +383,38 @@ def test_hostile_array_triples_in_logprobs(m: Message, data: st.DataObject) -> N
     if data.draw(st.booleans(), label="drop aux frames"):
         frames = frames[:1]
     _outputs(frames)
+
+
+@fuzz_settings(300)
+@given(
+    tokens=st.integers(0, 4),
+    ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8),
+    offsets=st.none() | st.lists(st.integers(-3, 10) | st.sampled_from([2**62, -(2**62)]),
+                                 max_size=6),
+    ids_dtype=st.sampled_from(["<i4", "<i8", "<u4", "<f4", "|b1"]),
+    offsets_dtype=st.sampled_from(["<i8", "<u8", "<i4", "<f8"]),
+    cu=st.none() | st.just([0, 1]),
+)
+def test_hostile_sampling_masks(tokens: int, ids: list[int], offsets: list[int] | None,
+                                ids_dtype: str, offsets_dtype: str, cu: Any) -> None:
+    def arr(values: list[int], dtype: str) -> list[Any]:
+        data = np.array(values, dtype=np.int64).astype(dtype, casting="unsafe").tobytes()
+        return [dtype, [len(values)], msgpack.ExtType(3, data)]
+
+    mask = [arr(ids, ids_dtype), None if offsets is None else arr(offsets, offsets_dtype), cu]
+    row = ["m", list(range(tokens))] + [None] * 11 + [0, None, mask, None, None]
+    try:
+        decoded = decode_outputs([_pack([0, [row], None, 0.0, None, None, None, None, None])])
+    except ProtocolError:
+        return
+    # Accepted: then it is a consistent CSR mask of token ids with one row per new token.
+    assert isinstance(decoded, RequestBatch)
+    (output,) = decoded.message.outputs
+    assert output.new_sampling_mask is not None
+    rows = output.new_sampling_mask.rows
+    assert len(rows) == tokens
+    assert sum(len(r) for r in rows) == len(ids)
+    assert all(t >= 0 for r in rows for t in r)
 
 
 _WRONG: list[Any] = [None, True, False, -1, 0, 2**64 - 1, -(2**63), 1.5, math.nan, "x", "",
