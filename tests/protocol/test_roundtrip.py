@@ -385,7 +385,8 @@ _address = st.from_regex(r"tcp://127\.0\.0\.1:[0-9]{1,5}", fullmatch=True) | \
     coordinator_input=st.none() | _address,
     coordinator_output=st.none() | _address,
     frontend_stats_publish_address=st.none() | _address,
-    parallel_config=st.dictionaries(_text, st.integers() | _text | st.lists(st.integers(0, 9)),
+    parallel_config=st.dictionaries(_text, st.integers(-(2**63), 2**64 - 1) | _text
+                                    | st.lists(st.integers(0, 9)),
                                     max_size=3),
 ))
 def test_init_roundtrip(addresses: HandshakeAddresses) -> None:
