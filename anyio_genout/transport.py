@@ -19,8 +19,9 @@ Rules this module keeps:
 from __future__ import annotations
 
 import socket as _socket
+import struct
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import anyio.lowlevel
@@ -30,6 +31,7 @@ from .errors import OperationalError
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "MonitorEvent",
     "TransportError",
     "ZmqSocket",
     "bind_address",
@@ -44,6 +46,26 @@ Frames = Sequence[bytes | memoryview | zmq.Frame]
 
 class TransportError(OperationalError):
     """A ZeroMQ socket failed (bind, connect, send or receive)."""
+
+
+class MonitorEvent:
+    """One ``zmq_socket_monitor`` event: ``event`` (a ``zmq.EVENT_*`` bit), ``value`` (the
+    connection's file descriptor for ACCEPTED/DISCONNECTED) and the socket's ``endpoint``."""
+
+    __slots__ = ("endpoint", "event", "value")
+
+    def __init__(self, event: int, value: int, endpoint: str) -> None:
+        self.event = event
+        self.value = value
+        self.endpoint = endpoint
+
+    @classmethod
+    def parse(cls, frames: Sequence[zmq.Frame]) -> MonitorEvent | None:
+        """Decode a monitor message (None if it is not one)."""
+        if len(frames) != 2 or len(frames[0].buffer) != 6:
+            return None
+        event, value = struct.unpack("=Hi", frames[0].buffer)
+        return cls(event, value, bytes(frames[1].buffer).decode(errors="replace"))
 
 
 def new_context() -> zmq.Context[Any]:
@@ -76,6 +98,30 @@ class ZmqSocket:
         self._fd: int = sock.getsockopt(zmq.FD)
         self._send_lock = anyio.Lock()
         self._closed = False
+
+    @classmethod
+    def _adopt(cls, sock: zmq.Socket[Any]) -> ZmqSocket:
+        """Wrap a socket pyzmq created (e.g. a monitor PAIR)."""
+        self = cls.__new__(cls)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            self._fd = cast(int, sock.getsockopt(zmq.FD))
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise TransportError(f"cannot use ZeroMQ socket: {exc}") from None
+        self._sock = sock
+        self._send_lock = anyio.Lock()
+        self._closed = False
+        return self
+
+    def monitor(self, events: int) -> ZmqSocket:
+        """A PAIR socket receiving this socket's ``events`` (``zmq_socket_monitor``); read
+        them with :meth:`MonitorEvent.parse`. Close it before closing this socket."""
+        try:
+            pair = self._sock.get_monitor_socket(events)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot monitor ZeroMQ socket: {exc}") from None
+        return ZmqSocket._adopt(pair)
 
     @property
     def raw(self) -> zmq.Socket[Any]:

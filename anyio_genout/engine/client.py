@@ -10,6 +10,9 @@ Task layout (one client-level task group, started in :meth:`EngineCoreClient.con
 * the **input drain**, which reads and discards anything sent *to* the input socket after
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
+* the **output-connection watcher**, which logs every engine connection to the output
+  socket that closes: ZeroMQ drops a message over ``max_message_size`` by closing its
+  connection and reports nothing else;
 * optionally the **liveness** task, which pings every engine with a utility call.
 
 Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
@@ -30,6 +33,7 @@ from typing import Any, Final, TypeVar
 import anyio
 import anyio.abc
 import attrs
+import zmq
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import (
@@ -58,7 +62,7 @@ from ..protocol import (
     encode_utility,
     engine_identity,
 )
-from ..transport import TransportError, ZmqSocket, new_context
+from ..transport import MonitorEvent, TransportError, ZmqSocket, new_context
 from .config import EngineCoreClientConfig
 from .handshake import BoundSockets, bind_sockets, run_handshake
 from .registry import EngineCoreStreamOutput, RequestRegistry, UtilityWaiter
@@ -74,6 +78,10 @@ MAX_ABORT_BATCH: Final = 1024
 MAX_READ_BATCH: Final = 64
 #: Unexpected input-socket messages logged one by one; later ones are only counted.
 MAX_INPUT_JUNK_LOGGED: Final = 10
+
+_HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 T = TypeVar("T")
 StatsListener = Callable[[int, SchedulerStats], None]
@@ -109,6 +117,7 @@ class EngineCoreClient:
         self._max_model_len = min(r.max_model_len for r in self._ready.values())
         self._aborts_sent = 0
         self._input_junk = 0
+        self._output_disconnects = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -177,6 +186,12 @@ class EngineCoreClient:
     @property
     def pending_utility_calls(self) -> int:
         return len(self._utility_waiters)
+
+    @property
+    def output_disconnects(self) -> int:
+        """Peers (engines, normally) whose connection to the output socket closed after a
+        completed ZeroMQ handshake, since the client started binding."""
+        return self._output_disconnects
 
     @property
     def aborts_sent(self) -> int:
@@ -356,6 +371,56 @@ class EngineCoreClient:
             return
         except TransportError as exc:
             self.fail(exc)
+
+    async def _watch_output_connections(self, monitor: ZmqSocket) -> None:
+        """Log output-socket peers that disconnect after a completed ZeroMQ handshake.
+
+        ZeroMQ enforces ``max_message_size`` by dropping the message *and the connection*,
+        and gives the receiver nothing else to see; an engine that exits is seen the same
+        way. Port scanners (whose ZeroMQ handshake fails) are not reported.
+        """
+        pending: list[int] = []  # accepted, handshake not yet done (fds, oldest first)
+        failed: set[int] = set()
+        try:
+            while True:
+                frames = monitor.receive_nowait()
+                if frames is None:
+                    await monitor.wait_readable()
+                    continue
+                event = MonitorEvent.parse(frames)
+                if event is None:
+                    continue
+                kind = event.event
+                if kind == zmq.EVENT_ACCEPTED:
+                    pending.append(event.value)
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    if pending:
+                        pending.pop(0)
+                elif kind & _HANDSHAKE_FAILED:
+                    if pending:
+                        failed.add(pending.pop(0))
+                elif kind == zmq.EVENT_DISCONNECTED:
+                    fd = event.value
+                    if fd in failed:
+                        failed.discard(fd)
+                        continue
+                    if fd in pending:
+                        pending.remove(fd)
+                        continue
+                    self._output_disconnects += 1
+                    if self._error is None:
+                        limit = self._config.max_message_size
+                        logger.warning(
+                            "a peer's connection to the output socket %s closed (%d so far). "
+                            "If it was an engine: it exited or restarted, or it sent a "
+                            "message larger than max_message_size (%s bytes), which ZeroMQ "
+                            "dropped together with the connection; outputs in it are lost",
+                            event.endpoint, self._output_disconnects,
+                            "unlimited" if limit is None else f"{limit:,}")
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
+            logger.warning("output-connection watcher stopped: %s", exc)
 
     def _dispatch(self, frames: list[Any]) -> None:
         try:
@@ -622,6 +687,8 @@ class _Connection:
                 await tg.start(client._reader)
                 tg.start_soon(client._abort_worker)
                 tg.start_soon(client._drain_input)
+                if sockets.output_monitor is not None:
+                    tg.start_soon(client._watch_output_connections, sockets.output_monitor)
                 if self._config.liveness_interval is not None:
                     tg.start_soon(client._liveness, self._config.liveness_interval,
                                   self._config.liveness_timeout)

@@ -53,6 +53,12 @@ MAX_JUNK_LOGGED: Final = 10
 #: that sends faster than the reader decodes is held back (its sends block or queue on its
 #: side) instead of growing this process's memory without bound.
 OUTPUT_RCVHWM: Final = 10_000
+#: What the client watches on the output socket: which peers connect, finish the ZeroMQ
+#: handshake, and disconnect (ZeroMQ reports nothing else about a dropped message).
+OUTPUT_MONITOR_EVENTS: Final = (zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 
 
 @attrs.define
@@ -62,11 +68,14 @@ class BoundSockets:
     handshake: ZmqSocket | None
     input_address: str
     output_address: str
+    #: Connection events of the output socket (peers connecting and disconnecting).
+    output_monitor: ZmqSocket | None = None
     #: Output messages that arrived during the handshake, for the reader to dispatch first.
     early_outputs: list[list[zmq.Frame]] = attrs.field(factory=list)
 
     def close(self) -> None:
-        for sock in (self.handshake, self.input, self.output):
+        # The monitor first: it must not outlive the socket it watches.
+        for sock in (self.output_monitor, self.handshake, self.input, self.output):
             if sock is not None:
                 sock.close()
 
@@ -80,6 +89,8 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         out = ZmqSocket(context, zmq.PULL, max_message_size=config.max_message_size)
         sockets.append(out)
         out.raw.setsockopt(zmq.RCVHWM, OUTPUT_RCVHWM)
+        monitor = out.monitor(OUTPUT_MONITOR_EVENTS)
+        sockets.insert(0, monitor)
         input_address = inp.bind(config.input_address or bind_address(config.advertised_host))
         output_address = out.bind(config.output_address or bind_address(config.advertised_host))
         handshake = None
@@ -91,7 +102,7 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         for sock in sockets:
             sock.close()
         raise
-    return BoundSockets(inp, out, handshake, input_address, output_address)
+    return BoundSockets(inp, out, handshake, input_address, output_address, monitor)
 
 
 async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
