@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple
 import attrs
 import numpy as np
 
-from ..errors import ProtocolError, SamplingMaskMismatchError
+from ..errors import ProtocolError
 from .arrays import AuxFrames, decode_array, describe, encode_array
 from .logprobs import (
     Logprobs,
@@ -395,11 +395,9 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
         raise ProtocolError(f"{w}.stop_reason: expected int, str or nil, got {describe(stop)}")
     if type(nans) is not int:
         raise ProtocolError(f"{w}.num_nans_in_logits: expected int, got {describe(nans)}")
+    # A mask whose row count differs from the tokens is one request's problem, not the
+    # message's: the generate layer raises SamplingMaskMismatchError for that request only.
     new_mask = decode_sampling_mask(mask, frames, f"{w}.new_sampling_mask")
-    if new_mask is not None and len(new_mask) != len(tokens):
-        raise SamplingMaskMismatchError(
-            f"{w}.new_sampling_mask: {len(new_mask)} rows for {len(tokens)} new tokens"
-        )
     return EngineCoreOutput(
         rid,
         tokens,

@@ -74,3 +74,23 @@ async def test_a_shared_registry_can_be_reused_by_the_next_connection() -> None:
 def test_log_stats_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="log_stats_interval"):
         ClientConfig(log_stats_interval=0)
+
+
+async def test_a_sampling_mask_mismatch_fails_only_that_request() -> None:
+    from anyio_genout import SamplingMaskMismatchError
+
+    from .support import mask
+
+    async with Cluster() as (engine_client, (engine,)):
+        client = Client(engine_client, ClientConfig(model_name="mask-mismatch"))
+        async with client.generate(request("bad")) as bad, \
+                client.generate(request("good")) as good:
+            bad_id = (await engine.receive_add()).request.request_id
+            good_id = (await engine.receive_add()).request.request_id
+            await engine.send([output(bad_id, [1, 2], new_sampling_mask=mask([1, 5])),
+                               output(good_id, [3], EngineCoreFinishReason.LENGTH)])
+            with pytest.raises(SamplingMaskMismatchError, match="1 rows for 2"):
+                await bad.__anext__()
+            assert [o.token_ids async for o in good] == [[3]]
+        assert engine_client.is_healthy
+        assert (await engine.receive_abort()).request_ids == (bad_id,)

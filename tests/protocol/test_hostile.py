@@ -24,7 +24,6 @@ from anyio_genout import (
     HandshakeError,
     InvalidRequestError,
     ProtocolError,
-    SamplingMaskMismatchError,
 )
 from anyio_genout.protocol import (
     EngineCoreOutput,
@@ -407,12 +406,12 @@ def test_hostile_sampling_masks(tokens: int, ids: list[int], offsets: list[int] 
         decoded = decode_outputs([_pack([0, [row], None, 0.0, None, None, None, None, None])])
     except ProtocolError:
         return
-    # Accepted: then it is a consistent CSR mask of token ids with one row per new token.
+    # Accepted: then it is a consistent CSR mask of token ids. (Whether it has one row per
+    # new token is checked per request by the generate layer, not by the decoder.)
     assert isinstance(decoded, RequestBatch)
     (output,) = decoded.message.outputs
     assert output.new_sampling_mask is not None
     rows = output.new_sampling_mask.rows
-    assert len(rows) == tokens
     assert sum(len(r) for r in rows) == len(ids)
     assert all(t >= 0 for r in rows for t in r)
 
@@ -665,8 +664,10 @@ def test_sampling_mask_roundtrip_and_csr_errors() -> None:
         with pytest.raises(ProtocolError, match=where + r"\.offsets: must start at 0, never "
                                                         r"decrease and end at 3"):
             decode_outputs([_pack(tree)])
-    with pytest.raises(SamplingMaskMismatchError, match=where + r": 2 rows for 3 new tokens"):
-        decode_outputs(_mask_message([0, 2, 3], [4, 5, 6], 3))
+    # A row count that differs from the new tokens decodes: it fails that request only, in
+    # the generate layer (tests/generate), not the whole message.
+    odd = decode_outputs(_mask_message([0, 2, 3], [4, 5, 6], 3))
+    assert odd.message.outputs[0].new_sampling_mask.rows == [[4, 5], [6]]  # type: ignore[union-attr]
     frames = _mask_message(None, [4, 5], 1)
     tree = plain_unpack(frames[0])
     tree[1][0][15][0][1] = [1, 2]
