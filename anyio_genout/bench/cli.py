@@ -105,6 +105,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "processes use under --quiet cores (default 20; quick: 0)")
     parser.add_argument("--quiet", type=float, default=0.2,
                         help="other processes' CPU, in cores, that counts as quiet (0.2)")
+    parser.add_argument("--retries", type=int, default=None,
+                        help="run a cell again (after settling) while other processes used "
+                             "more than twice --quiet cores during it; the quietest attempt "
+                             "is kept (default 2; quick: 0)")
 
 
 def plan(*, workloads: Sequence[str], backends: Sequence[str], concurrency: Sequence[int],
@@ -171,6 +175,11 @@ def _run_cell(spec: CellSpec, timeout: float) -> Result:
         if "error" in result:
             sys.stderr.write(proc.stdout[-2000:] + proc.stderr[-4000:])
         return result
+
+
+def _noise(result: Result) -> float:
+    others = result.get("others_cores")
+    return float(others) if isinstance(others, int | float) else 0.0
 
 
 def _settle(args: argparse.Namespace) -> float:
@@ -276,12 +285,20 @@ def run_main(argv: Sequence[str]) -> int:
     results: list[Result] = []
     started = time.monotonic()
     settle = _settle(args)
+    retries = args.retries if args.retries is not None else (0 if args.quick else 2)
     for i, spec in enumerate(cells, 1):
-        before = wait_until_quiet(args.quiet, settle) if settle else None
         t0 = time.monotonic()
-        result = _run_cell(spec, args.timeout)
-        if before is not None:
-            result["others_cores_before"] = round(before, 3)
+        result: Result = {}
+        for attempt in range(1 + retries):
+            before = wait_until_quiet(args.quiet, settle) if settle else None
+            found = _run_cell(spec, args.timeout)
+            found["attempt"] = attempt + 1
+            if before is not None:
+                found["others_cores_before"] = round(before, 3)
+            if not result or _noise(found) < _noise(result):
+                result = found
+            if "error" in result or _noise(result) <= 2 * args.quiet:
+                break
         results.append(result)
         print(_progress(i, len(cells), spec, result, time.monotonic() - t0), file=sys.stderr)
     meta["seconds"] = round(time.monotonic() - started, 1)
@@ -380,10 +397,21 @@ def vllm_main(argv: Sequence[str]) -> int:
             groups.setdefault((cell.engine_step_time, cell.engine_max_num_seqs), []).append(cell)
         for group in groups.values():
             settle = _settle(args)
-            if settle:
-                wait_until_quiet(args.quiet, settle)
+            retries = args.retries if args.retries is not None else (0 if args.quick else 1)
             t0 = time.monotonic()
-            found = _run_vllm_group(group, args.model, loop, args.timeout * len(group))
+            found: list[Result] = []
+            for attempt in range(1 + retries):
+                if settle:
+                    wait_until_quiet(args.quiet, settle)
+                again = _run_vllm_group(group, args.model, loop, args.timeout * len(group))
+                for r in again:
+                    r["attempt"] = attempt + 1
+                # Keep the quieter attempt, cell by cell.
+                found = again if not found else [
+                    new if _noise(new) < _noise(old) or "error" in old else old
+                    for old, new in zip(found, again, strict=True)]
+                if all(_noise(r) <= 2 * args.quiet for r in found):
+                    break
             for i, (spec, result) in enumerate(zip(group, found, strict=True), 1):
                 print(_progress(i, len(group), spec, result, time.monotonic() - t0),
                       file=sys.stderr)

@@ -23,9 +23,10 @@ from ..protocol import (
     decode_ready_response,
     decode_status,
     encode_init,
+    encode_utility,
 )
 from .measure import EngineProcess, Meter, free_port, freeze_gc
-from .ours import latency_figures, prompt
+from .ours import gate_rounds, latency_figures, prompt
 from .spec import CellSpec, Result, summarise
 
 __all__ = ["FloorClient", "run"]
@@ -51,6 +52,7 @@ class FloorClient:
         self.output_address = (
             f"tcp://127.0.0.1:{self.output.bind_to_random_port('tcp://127.0.0.1')}")
         self.identity = b""
+        self._calls = 0
         self._templates: dict[int, list[Any]] = {}
 
     def connect(self, timeout: float = 60.0) -> None:
@@ -89,6 +91,20 @@ class FloorClient:
             self._templates[tokens] = wire
         return wire
 
+    def utility(self, method: str, *args: Any) -> None:
+        """Send a utility call (its reply, a message without outputs, is read as such)."""
+        self._calls += 1
+        self.input.send_multipart([self.identity, *encode_utility(0, self._calls, method,
+                                                                  args)])
+
+    def pause(self) -> None:
+        """Pause the engine's scheduler and wait for the reply (see ``gate_rounds``)."""
+        self.utility("pause_scheduler", "keep", False)
+        while True:
+            message = msgpack.unpackb(self.output.recv_multipart()[0])
+            if message[4] is not None and message[4][0] == self._calls:
+                return
+
     def add(self, wire: list[Any], request_id: str) -> None:
         wire[0] = request_id
         wire[5] = time.time()
@@ -113,17 +129,19 @@ def run(spec: CellSpec) -> Result:
     finally:
         client.close()
         context.term()
-    result = summarise(spec, meter.samples)
+    result = summarise(spec, meter.samples, meter.window())
     result.update(extra)
     result["gc_frozen_objects"] = frozen
     return result
 
 
 def _streams(client: FloorClient, count: int, tokens: int, ids: tuple[int, ...],
-             tag: str) -> int:
+             tag: str, *, release: bool = False) -> int:
     wire = client.template(tokens, ids)
     for i in range(count):
         client.add(wire, f"{tag}-{i}")
+    if release:
+        client.utility("resume_scheduler")
     counts: dict[str, int] = {}
     done = 0
     recv = client.output.recv_multipart
@@ -141,13 +159,33 @@ def _throughput(client: FloorClient, spec: CellSpec, meter: Meter) -> Result:
     ids = prompt(spec.prompt_len)
     complete = True
     rounds = 0
+    gate = gate_rounds(spec)
     while meter.more():
+        if gate:
+            client.pause()
         started = meter.start()
-        tokens = _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}")
+        tokens = _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
+                          release=gate)
         meter.stop(started, tokens=tokens, requests=spec.concurrency)
         complete = complete and tokens == spec.concurrency * spec.tokens
         rounds += 1
-    return {"complete": complete}
+    # One more (unmeasured) round counting messages: outputs per engine message.
+    wire = client.template(spec.tokens, ids)
+    if gate:
+        client.pause()
+    for i in range(spec.concurrency):
+        client.add(wire, f"count-{i}")
+    if gate:
+        client.utility("resume_scheduler")
+    messages = done = outputs = 0
+    while done < spec.concurrency:
+        rows = msgpack.unpackb(client.output.recv_multipart()[0])[1]
+        if rows:
+            messages += 1
+        outputs += len(rows)
+        done += sum(1 for row in rows if row[_FINISH] is not None)
+    return {"complete": complete, "messages_per_round": messages, "gated": gate,
+            "outputs_per_message": outputs / messages if messages else None}
 
 
 def _latency(client: FloorClient, spec: CellSpec, meter: Meter) -> Result:

@@ -158,15 +158,32 @@ class Snapshot:
 
 
 class Meter:
-    """Takes snapshots around rounds and decides when enough rounds were measured."""
+    """Takes snapshots around rounds and decides when enough rounds were measured.
+
+    Besides the per-round samples it keeps the whole window from the first round's start to
+    the last round's end: the engine's and the machine's CPU counters tick in 10 ms steps,
+    so busy fractions and other processes' load are read over the window, not summed per
+    (possibly millisecond-short) round.
+    """
 
     def __init__(self, spec: CellSpec, engine: EngineProcess | None) -> None:
         self.spec = spec
         self.engine = engine
         self.samples: list[Sample] = []
+        self.first: Snapshot | None = None
+        self.last: Snapshot | None = None
 
     def start(self) -> Snapshot:
-        return Snapshot(self.engine)
+        snapshot = Snapshot(self.engine)
+        if self.first is None:
+            self.first = snapshot
+        return snapshot
+
+    def window(self) -> Sample | None:
+        """The whole measured window (rounds and what happened between them)."""
+        if self.first is None or self.last is None:
+            return None
+        return self.first.until(self.last)
 
     def stop(self, started: Snapshot, *, tokens: int = 0, requests: int = 0) -> Sample:
         # The engine's clocks are read last on the way out (first on the way in), so the
@@ -177,6 +194,7 @@ class Meter:
         later.engine_cpu, later.engine_main = (
             self.engine.cpu() if self.engine is not None else (0.0, 0.0))
         later.system = system_busy()
+        self.last = later
         sample = started.until(later, tokens=tokens, requests=requests)
         self.samples.append(sample)
         return sample

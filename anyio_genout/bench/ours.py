@@ -69,7 +69,7 @@ async def _main(spec: CellSpec, engine: EngineProcess, address: str) -> Result:
             from .profile import write_profile
 
             extra["profile"] = write_profile(profiler, spec.profile)
-    result = summarise(spec, meter.samples) if meter.samples else {}
+    result = summarise(spec, meter.samples, meter.window()) if meter.samples else {}
     result.update(extra)
     result["gc_frozen_objects"] = frozen
     result["gc_collections"] = [s["collections"] for s in gc.get_stats()]
@@ -83,17 +83,26 @@ async def _warm_up(client: Client, spec: CellSpec) -> None:
 
 
 async def _streams(client: Client, count: int, tokens: int, ids: tuple[int, ...],
-                   tag: str) -> int:
-    """``count`` concurrent streams of ``tokens`` tokens each; returns tokens delivered."""
+                   tag: str, *, release: bool = False) -> int:
+    """``count`` concurrent streams of ``tokens`` tokens each; returns tokens delivered.
+
+    ``release``: the engine's scheduler was paused (see :func:`_gated`); resume it once every
+    request has been sent, so that each engine step carries all ``count`` streams.
+    """
     delivered = 0
+    entered = 0
+    all_in = anyio.Event()
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
 
     async def one(i: int) -> None:
-        nonlocal delivered
+        nonlocal delivered, entered
         n = 0
         request = GenerateRequest(request_id=f"{tag}-{i}", prompt_token_ids=ids,
                                   sampling_params=params)
         async with client.generate(request) as stream:
+            entered += 1
+            if entered == count:
+                all_in.set()
             async for out in stream:
                 n += len(out.token_ids)
         delivered += n
@@ -101,7 +110,23 @@ async def _streams(client: Client, count: int, tokens: int, ids: tuple[int, ...]
     async with anyio.create_task_group() as tg:
         for i in range(count):
             tg.start_soon(one, i)
+        if release:
+            await all_in.wait()
+            await client.engine.resume_scheduler()
     return delivered
+
+
+def gate_rounds(spec: CellSpec) -> bool:
+    """Whether a throughput round pauses the engine until all its requests are in.
+
+    The mock engine steps in microseconds, so without the gate it would run the first
+    requests of a round to completion while the client is still sending the rest, and how
+    many streams share a step (one message) would depend on how fast each client sends and
+    on the machine's load, not on the concurrency asked for. A real engine's step takes
+    milliseconds and batches them all; the gate reproduces that (a pause costs one utility
+    call before the round, a resume one inside it).
+    """
+    return spec.concurrency > 1
 
 
 async def _throughput(client: Client, spec: CellSpec, meter: Meter) -> Result:
@@ -109,13 +134,50 @@ async def _throughput(client: Client, spec: CellSpec, meter: Meter) -> Result:
     expected = spec.concurrency * spec.tokens
     complete = True
     rounds = 0
+    gate = gate_rounds(spec)
     while meter.more():
+        if gate:
+            await client.engine.pause_scheduler("keep", False)
         started = meter.start()
-        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}")
+        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
+                                release=gate)
         meter.stop(started, tokens=tokens, requests=spec.concurrency)
         complete = complete and tokens == expected
         rounds += 1
-    return {"complete": complete}
+    result: Result = {"complete": complete}
+    result.update(await _batching(client, spec, ids))
+    return result
+
+
+async def _batching(client: Client, spec: CellSpec, ids: tuple[int, ...]) -> Result:
+    """One more (unmeasured) round counting the engine messages the reader handled.
+
+    The engine sends one message per step for all its running requests, so how many
+    outputs share a message depends on how fast requests reach it: per-message costs are
+    amortised over that many outputs.
+    """
+    engine = client.engine
+    original = getattr(engine, "_dispatch", None)
+    if original is None:  # pragma: no cover - the engine client changed shape
+        return {}
+    messages = 0
+
+    def counting(frames: Any) -> None:
+        nonlocal messages
+        messages += 1
+        original(frames)
+
+    gate = gate_rounds(spec)
+    if gate:
+        await client.engine.pause_scheduler("keep", False)
+    setattr(engine, "_dispatch", counting)  # noqa: B010 - an instance attribute, on purpose
+    try:
+        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, "count",
+                                release=gate)
+    finally:
+        delattr(engine, "_dispatch")
+    return {"messages_per_round": messages, "gated": gate,
+            "outputs_per_message": tokens / messages if messages else None}
 
 
 async def _latency(client: Client, spec: CellSpec, meter: Meter) -> Result:

@@ -242,6 +242,9 @@ def format_table(results: Sequence[Result], vllm: Sequence[Result] | None,
                    f"{meta.get('env', {}).get('cpus', '?')} CPUs, Python "
                    f"{meta.get('env', {}).get('python', '?')}); engine: {meta.get('engine', '')}")
         out.append(f"GC: {meta.get('gc', '')}")
+        out.append("Columns: client busy = client main-thread CPU / wall; engine busy = engine "
+                   "process CPU / wall; saturated = the side whose main thread was >= 80% "
+                   "busy; others = cores other processes on the machine used meanwhile (noise)")
         out.append("")
 
     def block(title: str, header: Sequence[str], rows: list[list[str]]) -> None:

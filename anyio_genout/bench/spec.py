@@ -110,8 +110,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 SATURATED: Final = 0.8
 
 
-def summarise(spec: CellSpec, samples: Sequence[Sample]) -> Result:
-    """Aggregate rounds into the figures every cell reports (totals over all rounds)."""
+def summarise(spec: CellSpec, samples: Sequence[Sample], window: Sample | None = None
+              ) -> Result:
+    """Aggregate rounds into the figures every cell reports (totals over all rounds).
+
+    ``window`` (first round's start to last round's end) gives the engine's busy fractions
+    and the other processes' load: coarse counters are better read once over it.
+    """
     wall = sum(s.wall for s in samples)
     cpu = sum(s.cpu for s in samples)
     main_cpu = sum(s.main_cpu for s in samples)
@@ -122,6 +127,12 @@ def summarise(spec: CellSpec, samples: Sequence[Sample]) -> Result:
     requests = sum(s.requests for s in samples)
     main_busy = main_cpu / wall if wall else 0.0
     engine_busy = engine_main / wall if wall else 0.0
+    engine_process_busy = engine_cpu / wall if wall else 0.0
+    others_cores = others / wall if wall else 0.0
+    if window is not None and window.wall > 0:
+        engine_busy = window.engine_main_cpu / window.wall
+        engine_process_busy = window.engine_cpu / window.wall
+        others_cores = window.others_cpu / window.wall
     if main_busy >= SATURATED and engine_busy >= SATURATED:
         saturated = "both"
     elif main_busy >= SATURATED:
@@ -145,10 +156,10 @@ def summarise(spec: CellSpec, samples: Sequence[Sample]) -> Result:
         "cpu_us_per_request": cpu / requests * 1e6 if requests else None,
         "busy": cpu / wall if wall else 0.0,
         "main_busy": main_busy,
-        "engine_busy": engine_cpu / wall if wall else 0.0,
+        "engine_busy": engine_process_busy,
         "engine_main_busy": engine_busy,
         "saturated": saturated,
-        "others_cores": others / wall if wall else 0.0,
+        "others_cores": others_cores,
     }
     if len(samples) > 1:
         per_round = [s.cpu / s.tokens * 1e6 for s in samples if s.tokens]

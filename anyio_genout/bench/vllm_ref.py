@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .measure import EngineProcess, Meter, free_port, freeze_gc
-from .ours import latency_figures, prompt
+from .ours import gate_rounds, latency_figures, prompt
 from .spec import CellSpec, Result, summarise
 
 __all__ = ["main", "patch_vllm_version"]
@@ -76,20 +76,40 @@ class _Runner:
             n += len(out.outputs[0].token_ids)
         return n
 
-    async def streams(self, count: int, tokens: int, ids: list[int], tag: str) -> int:
+    async def streams(self, count: int, tokens: int, ids: list[int], tag: str, *,
+                      release: bool = False) -> int:
+        """``count`` concurrent streams; ``release``: resume the paused engine once every
+        request has been sent (see :func:`~anyio_genout.bench.ours.gate_rounds`)."""
         params = self.params(tokens)
-        results = await asyncio.gather(*(self.one(ids, params, tag) for _ in range(count)))
+        jobs = asyncio.gather(*(self.one(ids, params, tag) for _ in range(count)))
+        if release:
+            processor = self.llm.output_processor
+            for _ in range(1_000_000):  # AsyncLLM offers no event for "request sent"
+                if processor.get_num_unfinished_requests() >= count:
+                    break
+                await asyncio.sleep(0)
+            # A request is registered just before its ADD is sent: let those sends finish.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            await self.llm.engine_core.call_utility_async("resume_scheduler")
+        results = await jobs
         return sum(results)
+
+    async def pause(self) -> None:
+        await self.llm.engine_core.call_utility_async("pause_scheduler", "keep", False)
 
     async def throughput(self, spec: CellSpec, meter: Meter) -> Result:
         ids = list(prompt(spec.prompt_len))
         complete = True
+        gate = gate_rounds(spec)
         while meter.more():
+            if gate:
+                await self.pause()
             started = meter.start()
-            tokens = await self.streams(spec.concurrency, spec.tokens, ids, "t")
+            tokens = await self.streams(spec.concurrency, spec.tokens, ids, "t", release=gate)
             meter.stop(started, tokens=tokens, requests=spec.concurrency)
             complete = complete and tokens == spec.concurrency * spec.tokens
-        return {"complete": complete}
+        return {"complete": complete, "gated": gate}
 
     async def churn(self, spec: CellSpec, meter: Meter) -> Result:
         ids = list(prompt(spec.prompt_len))
@@ -175,7 +195,8 @@ async def _run_all(specs: list[CellSpec], engine: EngineProcess, address: str,
             try:
                 body = getattr(runner, spec.workload)
                 extra: Result = await body(spec, meter)
-                result = {**spec.to_json(), **summarise(spec, meter.samples), **extra}
+                figures = summarise(spec, meter.samples, meter.window())
+                result = {**spec.to_json(), **figures, **extra}
             except Exception as exc:
                 traceback.print_exc()
                 result = {**spec.to_json(), "error": f"{type(exc).__name__}: {exc}"}
