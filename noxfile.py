@@ -1,4 +1,5 @@
-"""Development sessions: ``nox -s tests``, ``lint``, ``typecheck``, ``bench``, ``interop``.
+"""Development sessions: ``nox -s tests``, ``lint``, ``typecheck``, ``bench``, ``interop``,
+``soak``.
 
 Every session installs what it needs into its own virtual environment, so each works on a
 fresh machine with only Python and pip.
@@ -110,3 +111,16 @@ def bench_vllm(session: nox.Session) -> None:
     session.run(python, "-m", "anyio_genout.bench", "vllm",
                 "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
                 external=True)
+
+
+# ------------------------------------------------------------------------------------------
+# soak: tools/soak.py, a bounded soak against in-process mock engines with random faults and
+# random cancellations; fails on any leak or mismatch. See docs/reliability.md.
+# ------------------------------------------------------------------------------------------
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """``nox -s soak`` (60 s, asyncio); ``nox -s soak -- --duration 300 --backend trio``."""
+    session.install("-e", ".[test,uvloop]")
+    session.run("python", "tools/soak.py", *session.posargs)

@@ -12,6 +12,7 @@ process lives, memory stays bounded, and pickle is never run.
 from __future__ import annotations
 
 import gc
+import logging
 import pickle
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -242,15 +243,19 @@ async def test_memory_stays_bounded_under_huge_declared_arrays() -> None:
     assert process.memory_info().rss - before < 64 * 2**20
 
 
-async def test_frame_over_max_message_size_is_dropped_by_zeromq() -> None:
+async def test_frame_over_max_message_size_is_dropped_by_zeromq(
+        caplog: pytest.LogCaptureFixture) -> None:
     """What ZeroMQ does with a message over ZMQ_MAXMSGSIZE: the receiving side drops it
-    before any of it reaches this process, closes that connection (messages batched behind
-    it on the same connection may go too) and tells the receiver nothing; the sender's PUSH
-    reconnects by itself and goes on. So the client stays healthy and keeps receiving, from
-    that peer and every other; the oversized message is lost (docs/reliability.md)."""
+    before any of it reaches this process and closes that connection (messages batched
+    behind it on the same connection may go too); the sender's PUSH reconnects by itself
+    and goes on. ZeroMQ tells the receiver nothing else, so the client watches its output
+    socket's connections: it stays healthy and keeps receiving, from that peer and every
+    other, and logs a warning naming max_message_size (docs/reliability.md)."""
     limit = 64 * 1024
     async with target(max_message_size=limit) as t, \
             raw_pusher(t.client.output_address) as attacker:
+        caplog.set_level(logging.WARNING, logger="anyio_genout.engine")
+        assert t.client.output_disconnects == 0
         huge = encode_outputs(EngineCoreOutputs(outputs=[
             EngineCoreOutput(RID, [7] * (2 * limit))]))  # > limit bytes of msgpack
         assert len(huge[0]) > limit
@@ -264,6 +269,10 @@ async def test_frame_over_max_message_size_is_dropped_by_zeromq() -> None:
                         seen.extend((await t.stream.__anext__()).output.new_token_ids)
         assert 7 not in seen  # the oversized message never arrived
         assert t.client.is_healthy
+        assert t.client.output_disconnects == 1
+        (warning,) = [r.getMessage() for r in caplog.records
+                      if "output socket" in r.getMessage()]
+        assert "max_message_size (65,536 bytes)" in warning
         # The real engine's output flows as before.
         await t.engine.send([EngineCoreOutput(RID, [6])])
         with anyio.fail_after(5):
@@ -306,3 +315,25 @@ async def test_garbage_from_a_third_party_fails_every_stream_once() -> None:
                 with anyio.fail_after(5):
                     items, error = await drain(stream)
                 assert items == [] and isinstance(error, ProtocolError)
+
+
+async def test_an_engine_going_away_is_logged_and_a_port_scan_is_not(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A peer that spoke ZeroMQ and then disconnected is reported (an engine exiting looks
+    like that too); a TCP connection that never completed ZeroMQ's handshake is not."""
+    async with target() as t:
+        caplog.set_level(logging.WARNING, logger="anyio_genout.engine")
+        port = int(t.client.output_address.rsplit(":", 1)[1])
+        for _ in range(3):
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            async with stream:
+                await stream.send(b"GET / HTTP/1.0\r\n\r\n")
+        async with raw_pusher(t.client.output_address) as peer:
+            await peer.send(list(canary()))  # type: ignore[arg-type]
+            with anyio.fail_after(5):
+                assert CANARY in (await t.stream.__anext__()).output.new_token_ids
+        await wait_until(lambda: t.client.output_disconnects == 1)
+        await anyio.sleep(0.1)
+        assert t.client.output_disconnects == 1
+        assert len([r for r in caplog.records if "output socket" in r.getMessage()]) == 1
+        assert t.client.is_healthy

@@ -103,8 +103,9 @@ async def cancellation_storm(n: int, seed: int, *, engines: int = 1,
                     tg.start_soon(one, i)
                     if i % 100 == 0:
                         await anyio.lowlevel.checkpoint()
-            await wait_until(lambda: sum(len(e.aborted_ids) for e in cluster.engines)
-                             >= raw.aborts_sent, 10)
+            # The abort worker may still hold the last batch: wait for it to be sent and read.
+            await wait_until(lambda: raw.aborts_sent >= len(expect_abort) and sum(
+                len(e.aborted_ids) for e in cluster.engines) >= raw.aborts_sent, 10)
         aborted = [rid for e in cluster.engines for rid in e.aborted_ids]
         assert len(aborted) == len(set(aborted)), "an abort was sent twice"
         assert set(aborted) == expect_abort
