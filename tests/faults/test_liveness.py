@@ -44,7 +44,7 @@ async def test_silent_engine_is_detected_and_streams_fail() -> None:
                 for i in range(10):
                     tg.start_soon(one, i)
         detected = time.monotonic() - silent_at[0]
-        assert detected < 0.2 + 0.5 + 1.0  # interval + timeout + slack for a loaded machine
+        assert detected < 0.2 + 0.5 + 2.5  # interval + timeout + slack for a loaded machine
         assert len(errors) == 10 and all(isinstance(e, EngineDeadError) for e in errors)
         error = client.health_error
         assert isinstance(error, EngineDeadError)
