@@ -41,8 +41,8 @@ _AREAS: tuple[tuple[str, str], ...] = (
 
 
 def area_of(path: str | None) -> str:
-    if not path:
-        return "other (C / builtins)"
+    if not path or path.startswith("<"):
+        return "builtins and generated code (time.time, len, attrs __init__, ...)"
     path = path.replace("\\", "/")
     for fragment, name in _AREAS:
         if fragment in path:
