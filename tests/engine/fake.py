@@ -6,8 +6,9 @@ handshake stages, which frames to push, and it records every request frame it re
 
 from __future__ import annotations
 
+import itertools
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -42,6 +43,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:
+    """Poll ``predicate`` until it holds (wrap in ``anyio.fail_after`` to bound it)."""
+    for _ in itertools.count():
+        if predicate():
+            return
+        await anyio.sleep(interval)
 
 
 def ready_response(rank: int, *, version: str = "0.32.0",

@@ -29,13 +29,11 @@ from anyio_genout.protocol import (
     ENGINE_CORE_DEAD,
     EngineCoreFinishReason,
     EngineCoreOutput,
-    EngineCoreOutputs,
     SchedulerStats,
-    encode_outputs,
 )
 from anyio_genout.protocol.arrays import encode_array
 
-from .fake import Cluster, FakeEngine, free_port
+from .fake import Cluster, FakeEngine, free_port, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -81,15 +79,14 @@ async def test_streams_outputs_and_stamps_client_index() -> None:
 
 
 async def test_duplicate_request_id_is_refused_without_sending() -> None:
-    async with Cluster() as (client, (engine,)):
-        async with client.call(req("req-1")) as stream:
-            await engine.receive_add()
-            with pytest.raises(DuplicateRequestIdError):
-                async with client.call(req("req-1")):
-                    pass
-            await engine.expect_nothing(0.2)
-            await engine.send([out("req-1", [], LENGTH)])
-            assert [i.output.finish_reason async for i in stream] == [LENGTH]
+    async with Cluster() as (client, (engine,)), client.call(req("req-1")) as stream:
+        await engine.receive_add()
+        with pytest.raises(DuplicateRequestIdError):
+            async with client.call(req("req-1")):
+                pass
+        await engine.expect_nothing(0.2)
+        await engine.send([out("req-1", [], LENGTH)])
+        assert [i.output.finish_reason async for i in stream] == [LENGTH]
 
 
 async def test_finished_requests_without_final_output_is_unexpected_close() -> None:
@@ -158,8 +155,7 @@ async def test_multipart_garbage_marks_unhealthy_with_first_error() -> None:
     async with Cluster() as (client, (engine,)):
         await engine.send_raw([b"frame-1", b"frame-2"])
         with anyio.fail_after(2):
-            while client.is_healthy:
-                await anyio.sleep(0.01)
+            await wait_until(lambda: not client.is_healthy)
         assert isinstance(client.health_error, ProtocolError)
         await engine.send_raw([ENGINE_CORE_DEAD])
         await anyio.sleep(0.05)
@@ -418,34 +414,33 @@ async def test_leaving_connect_closes_open_streams() -> None:
 
 
 async def test_stalled_consumer_does_not_delay_100_other_streams() -> None:
-    async with Cluster() as (client, (engine,)):
-        async with client.call(req("stalled")) as stalled:
-            await engine.receive_add()
-            finished = 0
+    async with Cluster() as (client, (engine,)), client.call(req("stalled")) as stalled:
+        await engine.receive_add()
+        finished = 0
 
-            async def consume(i: int) -> None:
-                nonlocal finished
-                async with client.call(req(f"r{i}")) as stream:
-                    async for item in stream:
-                        if item.output.finished:
-                            finished += 1
+        async def consume(i: int) -> None:
+            nonlocal finished
+            async with client.call(req(f"r{i}")) as stream:
+                async for item in stream:
+                    if item.output.finished:
+                        finished += 1
 
-            async with anyio.create_task_group() as tg:
-                for i in range(100):
-                    tg.start_soon(consume, i)
-                for _ in range(100):
-                    await engine.receive_add()
-                ids = [f"r{i}" for i in range(100)]
-                for step in range(20):
-                    batch = [out(r, [step]) for r in ids] + [out("stalled", [step])]
-                    await engine.send(batch)
-                with anyio.fail_after(5):
-                    await engine.send([out(r, [0], LENGTH) for r in ids])
-            assert finished == 100
-            # The stalled stream buffered every token and lost none.
-            await engine.send([out("stalled", [1], LENGTH)])
-            tokens = [i.output.new_token_ids[0] async for i in stalled]
-            assert tokens == [*range(20), 1]
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(consume, i)
+            for _ in range(100):
+                await engine.receive_add()
+            ids = [f"r{i}" for i in range(100)]
+            for step in range(20):
+                batch = [out(r, [step]) for r in ids] + [out("stalled", [step])]
+                await engine.send(batch)
+            with anyio.fail_after(5):
+                await engine.send([out(r, [0], LENGTH) for r in ids])
+        assert finished == 100
+        # The stalled stream buffered every token and lost none.
+        await engine.send([out("stalled", [1], LENGTH)])
+        tokens = [i.output.new_token_ids[0] async for i in stalled]
+        assert tokens == [*range(20), 1]
 
 
 async def test_1000_random_cancellations_abort_each_id_exactly_once() -> None:
@@ -483,8 +478,8 @@ async def test_1000_random_cancellations_abort_each_id_exactly_once() -> None:
                 for i in range(1000):
                     users.start_soon(one, i)
             with anyio.fail_after(5):
-                while len(added) < 1000 or set(aborted) | finished != set(added):
-                    await anyio.sleep(0.02)
+                await wait_until(
+                    lambda: len(added) == 1000 and set(aborted) | finished == set(added))
                 await anyio.sleep(0.1)
             tg.cancel_scope.cancel()
         assert client.in_flight == 0
