@@ -237,15 +237,15 @@ class EngineCoreClient:
         pending = self._pending_aborts.pop(request.request_id, None)
         if pending is not None:
             self._send_abort_now(pending, [request.request_id])
-        entry, receive = registry.register(request.request_id, engine)
+        entry = registry.register(request.request_id, engine)
         try:
             self._send_input(engine, frames)
         except BaseException:
             registry.remove(request.request_id)
-            entry.send.close()
-            receive.close()
+            entry.box.discard()
             raise
-        return EngineCoreOutputStream(request.request_id, engine, receive, self._on_stream_close)
+        return EngineCoreOutputStream(request.request_id, engine, entry.box,
+                                      self._on_stream_close)
 
     def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
         entry = self._registry.requests.get(stream.request_id)
@@ -253,7 +253,6 @@ class EngineCoreClient:
             return
         # Left before the terminal output while the engine still runs it: abort, once.
         self._registry.remove(stream.request_id)
-        entry.send.close()
         if self._error is None:
             self._pending_aborts[stream.request_id] = entry.engine
             self._abort_send.send_nowait((stream.request_id, entry.engine))
@@ -274,8 +273,8 @@ class EngineCoreClient:
                 continue
             by_engine.setdefault(entry.engine, []).append(rid)
             terminal = EngineCoreOutput(rid, [], finish_reason=EngineCoreFinishReason.ABORT)
-            entry.send.send_nowait(EngineCoreStreamOutput(entry.engine, now, terminal))
-            entry.send.close()
+            entry.box.put(EngineCoreStreamOutput(entry.engine, now, terminal))
+            entry.box.close()
         for engine, ids in by_engine.items():
             self._send_abort_now(engine, ids)
         await anyio.lowlevel.cancel_shielded_checkpoint()
@@ -449,24 +448,21 @@ class EngineCoreClient:
             entry = requests.get(output.request_id)
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
-            send = entry.send
-            if output.finish_reason is None:
-                try:
-                    send.send_nowait(EngineCoreStreamOutput(engine, timestamp, output))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # the consumer is leaving; its close() aborts the request
-            else:
+            # OutputMailbox.put, inlined: this loop runs once per delivered token.
+            box = entry.box
+            box.items.append(EngineCoreStreamOutput(engine, timestamp, output))
+            if output.finish_reason is not None:
                 self._registry.remove(output.request_id)
-                try:
-                    send.send_nowait(EngineCoreStreamOutput(engine, timestamp, output))
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-                send.close()
+                box.closed = True
+            waiter = box.waiter
+            if waiter is not None:
+                box.waiter = None
+                waiter.set()
         if message.finished_requests:
             for rid in message.finished_requests:
                 entry = self._registry.remove(rid)
                 if entry is not None:  # finished without a final output
-                    entry.send.close()
+                    entry.box.close()
         stats = message.scheduler_stats
         if stats is not None:
             self._registry.update_stats(engine, stats)
@@ -501,11 +497,8 @@ class EngineCoreClient:
             logger.error("engine-core client is unhealthy: %s", error)
         requests = self._registry.requests
         for entry in list(requests.values()):
-            try:
-                entry.send.send_nowait(_copy_error(error))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
-            entry.send.close()
+            entry.box.put(_copy_error(error))
+            entry.box.close()
         for rid in list(requests):
             self._registry.remove(rid)
         for waiter in self._utility_waiters.values():

@@ -7,17 +7,17 @@ every method is synchronous, so no lock is needed and nothing can be interleaved
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import DuplicateRequestIdError, InvalidRequestError
 from ..protocol import EngineCoreOutput, SchedulerStats
 
-__all__ = ["EngineLoad", "EngineCoreStreamOutput", "RequestEntry", "RequestRegistry",
-           "StreamItem", "UtilityWaiter"]
+__all__ = ["EngineCoreStreamOutput", "EngineLoad", "OutputMailbox", "RequestEntry",
+           "RequestRegistry", "StreamItem", "UtilityWaiter"]
 
 
 class EngineCoreStreamOutput(NamedTuple):
@@ -32,16 +32,57 @@ class EngineCoreStreamOutput(NamedTuple):
 StreamItem = EngineCoreStreamOutput | BaseException
 
 
+class OutputMailbox:
+    """The buffer between the engine reader and one request's consumer.
+
+    The reader puts items in without ever waiting (the buffer is unbounded, so a stalled
+    consumer costs only its own tokens); the consumer drains ``items`` and, when it is
+    empty, waits on ``waiter``, an event the next :meth:`put` or :meth:`close` sets. This
+    is a leaner stand-in for an anyio memory-object stream with an infinite buffer (one
+    deque and at most one event per wait, no exceptions on the hot path), measured as the
+    client's single largest cost per token before the change (docs/performance.md).
+    """
+
+    __slots__ = ("closed", "items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[StreamItem] = deque()
+        self.closed = False
+        self.waiter: anyio.Event | None = None
+
+    def put(self, item: StreamItem) -> None:
+        """Append ``item`` (ignored once closed) and wake the consumer."""
+        if self.closed:
+            return
+        self.items.append(item)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
+
+    def close(self) -> None:
+        """No more items will come; a waiting consumer wakes up to see that."""
+        self.closed = True
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            waiter.set()
+
+    def discard(self) -> None:
+        """The consumer left: drop what it did not read and refuse more."""
+        self.closed = True
+        self.items.clear()
+
+
 class RequestEntry:
     """A live request: where its outputs go and which engine runs it."""
 
-    __slots__ = ("engine", "request_id", "send")
+    __slots__ = ("box", "engine", "request_id")
 
-    def __init__(self, request_id: str, engine: int,
-                 send: MemoryObjectSendStream[StreamItem]) -> None:
+    def __init__(self, request_id: str, engine: int, box: OutputMailbox) -> None:
         self.request_id = request_id
         self.engine = engine
-        self.send = send
+        self.box = box
 
 
 class EngineLoad:
@@ -88,15 +129,13 @@ class RequestRegistry:
                 best, best_score = rank, score
         return best
 
-    def register(self, request_id: str, engine: int
-                 ) -> tuple[RequestEntry, MemoryObjectReceiveStream[StreamItem]]:
+    def register(self, request_id: str, engine: int) -> RequestEntry:
         if request_id in self.requests:
             raise DuplicateRequestIdError(request_id)
-        send, receive = anyio.create_memory_object_stream[StreamItem](math.inf)
-        entry = RequestEntry(request_id, engine, send)
+        entry = RequestEntry(request_id, engine, OutputMailbox())
         self.requests[request_id] = entry
         self.engines[engine].in_flight += 1
-        return entry, receive
+        return entry
 
     def remove(self, request_id: str) -> RequestEntry | None:
         entry = self.requests.pop(request_id, None)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NoReturn
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream
+import anyio.lowlevel
 
 from ..errors import RequestStreamClosed
-from .registry import EngineCoreStreamOutput, StreamItem
+from .registry import EngineCoreStreamOutput, OutputMailbox
 
 if TYPE_CHECKING:
     from typing import Self
@@ -38,17 +38,20 @@ class EngineCoreOutputStream:
     raising exactly one error: the client's sticky health error (e.g.
     :class:`~anyio_genout.EngineDeadError`) or :class:`~anyio_genout.RequestStreamClosed` when
     the engine dropped the request without a final output.
+
+    Checkpoints: when an output is already buffered it is returned at once, with a full
+    checkpoint (a chance for cancellation and for other tasks to run) every
+    ``32`` outputs; when none is buffered the stream waits, which is a checkpoint.
     """
 
-    __slots__ = ("_closed", "_engine_index", "_on_close", "_receive", "_request_id",
+    __slots__ = ("_box", "_closed", "_engine_index", "_on_close", "_request_id",
                  "_since_checkpoint", "_state")
 
-    def __init__(self, request_id: str, engine_index: int,
-                 receive: MemoryObjectReceiveStream[StreamItem],
+    def __init__(self, request_id: str, engine_index: int, box: OutputMailbox,
                  on_close: Callable[[EngineCoreOutputStream, bool], None]) -> None:
         self._request_id = request_id
         self._engine_index = engine_index
-        self._receive = receive
+        self._box = box
         self._on_close = on_close
         self._state = StreamState.RUNNING
         self._since_checkpoint = 0
@@ -79,48 +82,48 @@ class EngineCoreOutputStream:
         if self._state is not StreamState.RUNNING:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        # Fast path: take a buffered item without a full scheduling round trip, but still
-        # honour cancellation and yield to others every few items.
-        try:
-            item = self._receive.receive_nowait()
-        except anyio.WouldBlock:
-            self._since_checkpoint = 0
-            try:
-                item = await self._receive.receive()
-            except anyio.EndOfStream:
-                item = RequestStreamClosed(self._request_id)
-        except anyio.EndOfStream:
-            item = RequestStreamClosed(self._request_id)
-        else:
-            self._since_checkpoint += 1
-            if self._since_checkpoint >= _CHECKPOINT_EVERY:
-                self._since_checkpoint = 0
+        box = self._box
+        items = box.items
+        if items:
+            count = self._since_checkpoint + 1
+            if count >= _CHECKPOINT_EVERY:
+                count = 0
                 await anyio.lowlevel.checkpoint()
-            else:
-                await anyio.lowlevel.checkpoint_if_cancelled()
+            self._since_checkpoint = count
+        else:
+            self._since_checkpoint = 0
+            while not items and not box.closed:
+                waiter = box.waiter = anyio.Event()
+                try:
+                    await waiter.wait()
+                finally:
+                    if box.waiter is waiter:
+                        box.waiter = None
+        item = items.popleft() if items else RequestStreamClosed(self._request_id)
         if type(item) is EngineCoreStreamOutput:
             if item.output.finish_reason is not None:
                 self._state = StreamState.FINISHED
             return item
-        assert isinstance(item, BaseException)
-        self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosed)
-                       else StreamState.CLOSED_WITH_ERROR)
-        raise item
+        return self._fail(item)
 
     def receive_nowait(self) -> EngineCoreStreamOutput | None:
         """The next buffered output, or None if none is buffered (raises like ``__anext__``)."""
         if self._state is not StreamState.RUNNING:
             return None
-        try:
-            item = self._receive.receive_nowait()
-        except anyio.WouldBlock:
-            return None
-        except anyio.EndOfStream:
+        items = self._box.items
+        if items:
+            item = items.popleft()
+        elif self._box.closed:
             item = RequestStreamClosed(self._request_id)
+        else:
+            return None
         if type(item) is EngineCoreStreamOutput:
             if item.output.finish_reason is not None:
                 self._state = StreamState.FINISHED
             return item
+        return self._fail(item)
+
+    def _fail(self, item: object) -> NoReturn:
         assert isinstance(item, BaseException)
         self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosed)
                        else StreamState.CLOSED_WITH_ERROR)
@@ -137,7 +140,7 @@ class EngineCoreOutputStream:
         was_running = self._state is StreamState.RUNNING
         if was_running:
             self._state = StreamState.CLOSED
-        self._receive.close()
+        self._box.discard()
         self._on_close(self, was_running)
 
     async def aclose(self) -> None:
