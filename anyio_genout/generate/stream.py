@@ -40,12 +40,16 @@ __all__ = ["GenerateStream"]
 
 logger = logging.getLogger("anyio_genout.generate")
 
+#: Outputs taken from the buffer between two checkpoints (see EngineCoreOutputStream).
+_CHECKPOINT_EVERY = 32
+
 
 class GenerateStream:
     """A request in flight: an async context manager and an async iterator of outputs."""
 
     __slots__ = ("_client", "_done", "_engine_request", "_external_id", "_guard",
-                 "_matcher", "_prompt_pending", "_raw", "_scope", "_tracker")
+                 "_matcher", "_prompt_pending", "_raw", "_scope", "_since_checkpoint",
+                 "_tracker")
 
     def __init__(self, client: Client, engine_request: EngineCoreRequest) -> None:
         self._client = client
@@ -60,6 +64,7 @@ class GenerateStream:
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._prompt_pending = True
         self._done = False
+        self._since_checkpoint = 0
 
     # ------------------------------------------------------------------ scope
 
@@ -161,11 +166,23 @@ class GenerateStream:
         if self._done and not raw.terminated:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        item = await raw.__anext__()
-        received_at = time.time()
+        # Take a buffered output without a coroutine round trip; checkpoint every few outputs
+        # (waiting for the next output, when none is buffered, is a checkpoint too).
+        item = raw.receive_nowait()
+        if item is None:
+            self._since_checkpoint = 0
+            item = await raw.__anext__()
+        else:
+            self._since_checkpoint += 1
+            if self._since_checkpoint >= _CHECKPOINT_EVERY:
+                self._since_checkpoint = 0
+                await anyio.lowlevel.checkpoint()
         output = item.output
         tracker = self._tracker
         assert tracker is not None
+        # The wall clock matters only for time to first token and end-to-end latency.
+        received_at = (time.time() if tracker.is_prefilling or output.finish_reason is not None
+                       else 0.0)
         tracker.observe_output(item.timestamp, received_at, output)
         prompt_info = None
         if self._prompt_pending:
