@@ -1,33 +1,58 @@
 """Prometheus metrics with vLLM's names, labels and buckets, recorded by the client.
 
-:class:`Metrics` owns every metric family (in a private :class:`CollectorRegistry` unless one is
-given) and, per engine index, the pre-labelled children (:class:`_EngineSeries`). Each request
-gets a :class:`RequestTracker` that folds the engine's outputs into timing state and records:
+:class:`Metrics` owns, per engine index, the recorded state (:class:`_EngineSeries`) and
+exposes it through one custom collector (in a private :class:`CollectorRegistry` unless one
+is given). Each request gets a :class:`RequestTracker` that folds the engine's outputs into
+timing state and records:
 
 * per output (hot path): ``vllm:generation_tokens``, ``vllm:num_preemptions``, prompt-token
   counters and TTFT on the first token-bearing output, ITL on later ones;
 * once, at the end (:meth:`RequestTracker.record_finished`): ``vllm:request_success`` and the
   per-request histograms.
 
+Recording touches plain Python numbers only: a counter is an ``int`` attribute of the
+engine's series, a gauge a ``float``, a histogram a :class:`_Histogram` (per-bucket counts
+found with :func:`bisect.bisect_left` on the bucket bounds, and a running sum). No
+prometheus-client object and no lock is involved per output: a decode output costs about a
+sixth of what three ``Counter.inc`` and a ``Histogram.observe`` did. The metric families are
+built when the registry is collected (:class:`_Exposition`), with the values, sample order
+and ``le`` strings prometheus-client's own ``Counter`` / ``Gauge`` / ``Histogram`` children
+would produce, minus the ``_created`` series.
+
+Threads: recording happens on the event loop's thread; a scrape may run on another one
+(``prometheus_client.start_http_server``). The collector copies what it reads (the engine
+dict, the bucket counts) before iterating, so a concurrent scrape never fails; it may see an
+update half applied (a histogram's ``_sum`` one observation ahead of its buckets), which the
+next scrape corrects. Values live in this process only (no prometheus multiprocess mode).
+
 Clocks (never mixed): ``arrival_time`` and ``received_at`` are the front end's ``time.time()``
 (only TTFT and end-to-end latency use them); the batch timestamps and event timestamps are the
 engine's ``time.monotonic()`` (ITL and the phase times).
 
 Scheduler statistics (:meth:`Metrics.observe_scheduler_stats`) set the per-engine gauges and
-add the step's prefix-cache increments. Alongside the Prometheus children, :class:`Metrics`
-keeps plain running totals per engine (:meth:`Metrics.snapshot`) for the periodic logger.
+add the step's prefix-cache increments. The same per-engine numbers feed the periodic logger
+(:meth:`Metrics.snapshot`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from ..protocol.outputs import (
+    EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreFinishReason,
     EngineCoreOutput,
@@ -64,6 +89,8 @@ _LABELS: Final = ("model_name", "engine")
 _QUEUED: Final = EngineCoreEventType.QUEUED
 _SCHEDULED: Final = EngineCoreEventType.SCHEDULED
 _PREEMPTED: Final = EngineCoreEventType.PREEMPTED
+_ITL_BOUNDS: Final = INTER_TOKEN_LATENCY_BUCKETS
+_TOKENS: Final = None  # marks the token-count histograms, bounded by ``max_model_len``
 
 
 def finish_reason_label(reason: EngineCoreFinishReason) -> str:
@@ -93,189 +120,96 @@ class EngineTotals:
     has_scheduler_stats: bool = False
 
 
-class _Families:
-    """The metric families (unlabelled parents), created outside any registry."""
+class _Histogram:
+    """One labelled histogram: a count per bucket (the last one is ``+Inf``) and the sum.
 
-    __slots__ = (
-        "decode_time",
-        "e2e_request_latency",
-        "generation_tokens",
-        "inference_time",
-        "inter_token_latency",
-        "kv_cache_usage_perc",
-        "num_preemptions",
-        "num_requests_running",
-        "num_requests_waiting",
-        "num_requests_waiting_by_reason",
-        "prefill_time",
-        "prefix_cache_hits",
-        "prefix_cache_queries",
-        "prompt_tokens",
-        "prompt_tokens_by_source",
-        "prompt_tokens_cached",
-        "queue_time",
-        "request_generation_tokens",
-        "request_max_num_generation_tokens",
-        "request_num_preemptions",
-        "request_params_max_tokens",
-        "request_params_n",
-        "request_prefill_kv_computed_tokens",
-        "request_prompt_tokens",
-        "request_success",
-        "time_per_output_token",
-        "time_to_first_token",
-    )
-
-    def __init__(self, max_model_len: int) -> None:
-        def counter(name: str, doc: str, *extra: str) -> Counter:
-            return Counter(name, doc, (*_LABELS, *extra), registry=None)
-
-        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, _LABELS, registry=None, buckets=buckets)
-
-        def gauge(name: str, doc: str, *extra: str) -> Gauge:
-            return Gauge(name, doc, (*_LABELS, *extra), registry=None,
-                         multiprocess_mode="mostrecent")
-
-        tokens = build_1_2_5_buckets(max_model_len)
-        self.request_success = counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            "finished_reason")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.prompt_tokens_by_source = counter(
-            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", "source")
-        self.prompt_tokens_cached = counter(
-            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.")
-        self.num_preemptions = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            TIME_TO_FIRST_TOKEN_BUCKETS)
-        self.inter_token_latency = histogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            INTER_TOKEN_LATENCY_BUCKETS)
-        self.e2e_request_latency = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-            REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.inference_time = histogram(
-            "vllm:request_inference_time_seconds",
-            "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.prefill_time = histogram(
-            "vllm:request_prefill_time_seconds",
-            "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.decode_time = histogram(
-            "vllm:request_decode_time_seconds",
-            "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.time_per_output_token = histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            INTER_TOKEN_LATENCY_BUCKETS)
-        self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
-        self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
-        self.request_max_num_generation_tokens = histogram(
-            "vllm:request_max_num_generation_tokens",
-            "Histogram of maximum number of requested generation tokens.", tokens)
-        self.request_params_max_tokens = histogram(
-            "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-            tokens)
-        self.request_params_n = histogram(
-            "vllm:request_params_n", "Histogram of the n request parameter.",
-            REQUEST_PARAMS_N_BUCKETS)
-        self.request_num_preemptions = histogram(
-            "vllm:request_num_preemptions",
-            "Histogram of the number of times a request was preempted.",
-            REQUEST_NUM_PREEMPTIONS_BUCKETS)
-        self.request_prefill_kv_computed_tokens = histogram(
-            "vllm:request_prefill_kv_computed_tokens",
-            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-            tokens)
-        self.num_requests_running = gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.num_requests_waiting = gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.num_requests_waiting_by_reason = gauge(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
-            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
-            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
-            "reason")
-        self.kv_cache_usage_perc = gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-
-    def all(self) -> list[Counter | Gauge | Histogram]:
-        """Every family, in exposition order (counters, histograms, gauges)."""
-        return [
-            self.request_success, self.prompt_tokens, self.prompt_tokens_by_source,
-            self.prompt_tokens_cached, self.generation_tokens, self.num_preemptions,
-            self.prefix_cache_queries, self.prefix_cache_hits,
-            self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
-            self.queue_time, self.inference_time, self.prefill_time, self.decode_time,
-            self.time_per_output_token, self.request_prompt_tokens,
-            self.request_generation_tokens, self.request_max_num_generation_tokens,
-            self.request_params_max_tokens, self.request_params_n, self.request_num_preemptions,
-            self.request_prefill_kv_computed_tokens,
-            self.num_requests_running, self.num_requests_waiting,
-            self.num_requests_waiting_by_reason, self.kv_cache_usage_perc,
-        ]
-
-
-class _Exposition:
-    """The one collector registered for a :class:`Metrics`: every family minus ``_created``.
-
-    prometheus-client can only drop the ``_created`` series process-wide
-    (``disable_created_metrics``), so the samples are filtered here, at scrape time, instead.
-    ``describe`` lets the registry detect name clashes without collecting.
+    Same semantics as ``prometheus_client.Histogram.observe``: a value goes to the first
+    bucket whose bound is ``>=`` it; NaN goes to no bucket (so not into ``_count``) but is
+    added to ``_sum``.
     """
 
-    __slots__ = ("_families",)
+    __slots__ = ("bounds", "counts", "sum")
 
-    def __init__(self, families: Sequence[Counter | Gauge | Histogram]) -> None:
-        self._families = tuple(families)
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        #: The finite upper bounds, ascending.
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
 
-    def describe(self) -> list[Metric]:
-        return [metric for family in self._families for metric in family.describe()]
+    def observe(self, value: float) -> None:
+        i = bisect_left(self.bounds, value)
+        if i or value == value:  # NaN compares false to every bound: bisect gives 0
+            self.counts[i] += 1
+        self.sum += value
 
-    def collect(self) -> Iterator[Metric]:
-        for family in self._families:
-            for metric in family.collect():
-                created = metric.name + "_created"
-                metric.samples = [s for s in metric.samples if s.name != created]
-                yield metric
+
+# The histograms in exposition order: (attribute of _EngineSeries, name, documentation, bounds);
+# bounds of ``_TOKENS`` are ``build_1_2_5_buckets(max_model_len)``.
+_HISTOGRAMS: Final[tuple[tuple[str, str, str, tuple[float, ...] | None], ...]] = (
+    ("time_to_first_token", "vllm:time_to_first_token_seconds",
+     "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS),
+    ("inter_token_latency", "vllm:inter_token_latency_seconds",
+     "Histogram of inter-token latency in seconds.", INTER_TOKEN_LATENCY_BUCKETS),
+    ("e2e_request_latency", "vllm:e2e_request_latency_seconds",
+     "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS),
+    ("queue_time", "vllm:request_queue_time_seconds",
+     "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS),
+    ("inference_time", "vllm:request_inference_time_seconds",
+     "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS),
+    ("prefill_time", "vllm:request_prefill_time_seconds",
+     "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS),
+    ("decode_time", "vllm:request_decode_time_seconds",
+     "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS),
+    ("time_per_output_token", "vllm:request_time_per_output_token_seconds",
+     "Histogram of time_per_output_token_seconds per request.", INTER_TOKEN_LATENCY_BUCKETS),
+    ("request_prompt_tokens", "vllm:request_prompt_tokens",
+     "Number of prefill tokens processed.", _TOKENS),
+    ("request_generation_tokens", "vllm:request_generation_tokens",
+     "Number of generation tokens processed.", _TOKENS),
+    ("request_max_num_generation_tokens", "vllm:request_max_num_generation_tokens",
+     "Histogram of maximum number of requested generation tokens.", _TOKENS),
+    ("request_params_max_tokens", "vllm:request_params_max_tokens",
+     "Histogram of the max_tokens request parameter.", _TOKENS),
+    ("request_params_n", "vllm:request_params_n",
+     "Histogram of the n request parameter.", REQUEST_PARAMS_N_BUCKETS),
+    ("request_num_preemptions", "vllm:request_num_preemptions",
+     "Histogram of the number of times a request was preempted.",
+     REQUEST_NUM_PREEMPTIONS_BUCKETS),
+    ("request_prefill_kv_computed_tokens", "vllm:request_prefill_kv_computed_tokens",
+     "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+     _TOKENS),
+)
 
 
 class _EngineSeries:
-    """One engine's labelled children (resolved once) and the running totals for the logger."""
+    """One engine's recorded values: counters (ints), gauges (floats), histograms.
+
+    The counters double as the logger's running totals (``generation_tokens``,
+    ``prompt_local_compute``, ``prefix_cache_queries``, ``prefix_cache_hits``).
+    """
 
     __slots__ = (
-        "_labels",
-        "_success",
-        "_success_family",
+        "_success_order",
         "decode_time",
         "e2e_request_latency",
         "engine_index",
+        "gauge_kv_cache_usage",
+        "gauge_running",
+        "gauge_waiting",
+        "gauge_waiting_capacity",
+        "gauge_waiting_deferred",
         "generation_tokens",
         "has_scheduler_stats",
         "inference_time",
-        "inter_token_latency",
-        "kv_cache_usage_perc",
+        "itl_counts",
+        "itl_last",
+        "itl_last_bucket",
+        "itl_sum",
+        "labels",
         "last_kv_cache_usage",
         "last_running",
         "last_waiting",
         "num_preemptions",
-        "num_requests_running",
-        "num_requests_waiting",
         "prefill_time",
         "prefix_cache_hits",
         "prefix_cache_queries",
@@ -292,100 +226,91 @@ class _EngineSeries:
         "request_params_n",
         "request_prefill_kv_computed_tokens",
         "request_prompt_tokens",
+        "success",
         "time_per_output_token",
         "time_to_first_token",
-        "total_computed_prompt_tokens",
-        "total_generation_tokens",
-        "total_prefix_cache_hits",
-        "total_prefix_cache_queries",
-        "waiting_capacity",
-        "waiting_deferred",
     )
 
-    def __init__(self, families: _Families, model_name: str, engine_index: int) -> None:
-        labels = (model_name, str(engine_index))
+    def __init__(self, model_name: str, engine_index: int, token_bounds: tuple[float, ...],
+                 success_order: list[tuple[_EngineSeries, str]]) -> None:
         self.engine_index = engine_index
-        self._labels = labels
-        self._success_family = families.request_success
-        self._success: dict[str, Counter] = {
-            reason: families.request_success.labels(*labels, reason)
-            for reason in FINISHED_REASONS
-        }
-        by_source = families.prompt_tokens_by_source
-        self.prompt_local_compute: Counter = by_source.labels(*labels, "local_compute")
-        self.prompt_local_cache_hit: Counter = by_source.labels(*labels, "local_cache_hit")
-        self.prompt_external_kv_transfer: Counter = by_source.labels(
-            *labels, "external_kv_transfer")
-        self.generation_tokens: Counter = families.generation_tokens.labels(*labels)
-        self.num_preemptions: Counter = families.num_preemptions.labels(*labels)
-        self.prompt_tokens: Counter = families.prompt_tokens.labels(*labels)
-        self.prompt_tokens_cached: Counter = families.prompt_tokens_cached.labels(*labels)
-        self.prefix_cache_queries: Counter = families.prefix_cache_queries.labels(*labels)
-        self.prefix_cache_hits: Counter = families.prefix_cache_hits.labels(*labels)
-        self.time_to_first_token: Histogram = families.time_to_first_token.labels(*labels)
-        self.inter_token_latency: Histogram = families.inter_token_latency.labels(*labels)
-        self.e2e_request_latency: Histogram = families.e2e_request_latency.labels(*labels)
-        self.queue_time: Histogram = families.queue_time.labels(*labels)
-        self.inference_time: Histogram = families.inference_time.labels(*labels)
-        self.prefill_time: Histogram = families.prefill_time.labels(*labels)
-        self.decode_time: Histogram = families.decode_time.labels(*labels)
-        self.time_per_output_token: Histogram = families.time_per_output_token.labels(*labels)
-        self.request_prompt_tokens: Histogram = families.request_prompt_tokens.labels(*labels)
-        self.request_generation_tokens: Histogram = \
-            families.request_generation_tokens.labels(*labels)
-        self.request_max_num_generation_tokens: Histogram = \
-            families.request_max_num_generation_tokens.labels(*labels)
-        self.request_params_max_tokens: Histogram = \
-            families.request_params_max_tokens.labels(*labels)
-        self.request_params_n: Histogram = families.request_params_n.labels(*labels)
-        self.request_num_preemptions: Histogram = \
-            families.request_num_preemptions.labels(*labels)
-        self.request_prefill_kv_computed_tokens: Histogram = \
-            families.request_prefill_kv_computed_tokens.labels(*labels)
-        self.num_requests_running: Gauge = families.num_requests_running.labels(*labels)
-        self.num_requests_waiting: Gauge = families.num_requests_waiting.labels(*labels)
-        by_reason = families.num_requests_waiting_by_reason
-        self.waiting_capacity: Gauge = by_reason.labels(*labels, "capacity")
-        self.waiting_deferred: Gauge = by_reason.labels(*labels, "deferred")
-        self.kv_cache_usage_perc: Gauge = families.kv_cache_usage_perc.labels(*labels)
-        self.total_computed_prompt_tokens = 0
-        self.total_generation_tokens = 0
-        self.total_prefix_cache_queries = 0
-        self.total_prefix_cache_hits = 0
+        self.labels = (model_name, str(engine_index))
+        #: ``vllm:request_success`` per ``finished_reason``; ``success_order`` (shared by the
+        #: engines of one :class:`Metrics`) lists the series in order of creation.
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self._success_order = success_order
+        success_order.extend((self, reason) for reason in FINISHED_REASONS)
+        self.prompt_tokens = 0
+        self.prompt_local_compute = 0
+        self.prompt_local_cache_hit = 0
+        self.prompt_external_kv_transfer = 0
+        self.prompt_tokens_cached = 0
+        self.generation_tokens = 0
+        self.num_preemptions = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.gauge_running = 0.0
+        self.gauge_waiting = 0.0
+        self.gauge_waiting_capacity = 0.0
+        self.gauge_waiting_deferred = 0.0
+        self.gauge_kv_cache_usage = 0.0
+        # The latest scheduler statistics as received (the gauges hold them as floats).
         self.last_running = 0
         self.last_waiting = 0
         self.last_kv_cache_usage = 0.0
         self.has_scheduler_stats = False
+        self.time_to_first_token = _Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
+        # vllm:inter_token_latency_seconds, the per-output histogram, is flattened into the
+        # series (a _Histogram's counts and sum) to save an attribute load per output, plus
+        # the latest value observed and its bucket (NaN: equal to nothing, so not yet any).
+        self.itl_counts = [0] * (len(INTER_TOKEN_LATENCY_BUCKETS) + 1)
+        self.itl_sum = 0.0
+        self.itl_last = math.nan
+        self.itl_last_bucket = 0
+        self.e2e_request_latency = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.queue_time = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.inference_time = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.decode_time = _Histogram(REQUEST_LATENCY_BUCKETS)
+        self.time_per_output_token = _Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+        self.request_prompt_tokens = _Histogram(token_bounds)
+        self.request_generation_tokens = _Histogram(token_bounds)
+        self.request_max_num_generation_tokens = _Histogram(token_bounds)
+        self.request_params_max_tokens = _Histogram(token_bounds)
+        self.request_params_n = _Histogram(REQUEST_PARAMS_N_BUCKETS)
+        self.request_num_preemptions = _Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS)
+        self.request_prefill_kv_computed_tokens = _Histogram(token_bounds)
 
-    def success(self, reason: str) -> Counter:
-        """The ``vllm:request_success`` child for ``reason`` (unknown reasons get a new one)."""
-        child = self._success.get(reason)
-        if child is None:
-            child = self._success[reason] = self._success_family.labels(*self._labels, reason)
-        return child
+    def count_success(self, reason: str) -> None:
+        """+1 on ``vllm:request_success`` for ``reason`` (unknown reasons get a new series)."""
+        success = self.success
+        count = success.get(reason)
+        if count is None:
+            success[reason] = 1
+            self._success_order.append((self, reason))
+        else:
+            success[reason] = count + 1
 
     def record_prompt(self, stats: PrefillStats) -> None:
         """Prompt-token counters from a request's first token-bearing output."""
         if stats.num_prompt_tokens > 0:
-            self.prompt_tokens.inc(stats.num_prompt_tokens)
-        computed = stats.num_computed_tokens
-        if computed > 0:
-            self.prompt_local_compute.inc(computed)
-            self.total_computed_prompt_tokens += computed
+            self.prompt_tokens += stats.num_prompt_tokens
+        if stats.num_computed_tokens > 0:
+            self.prompt_local_compute += stats.num_computed_tokens
         if stats.num_local_cached_tokens > 0:
-            self.prompt_local_cache_hit.inc(stats.num_local_cached_tokens)
+            self.prompt_local_cache_hit += stats.num_local_cached_tokens
         if stats.num_external_cached_tokens > 0:
-            self.prompt_external_kv_transfer.inc(stats.num_external_cached_tokens)
+            self.prompt_external_kv_transfer += stats.num_external_cached_tokens
         if stats.num_cached_tokens > 0:
-            self.prompt_tokens_cached.inc(stats.num_cached_tokens)
+            self.prompt_tokens_cached += stats.num_cached_tokens
 
     def totals(self) -> EngineTotals:
         return EngineTotals(
             self.engine_index,
-            self.total_computed_prompt_tokens,
-            self.total_generation_tokens,
-            self.total_prefix_cache_queries,
-            self.total_prefix_cache_hits,
+            self.prompt_local_compute,
+            self.generation_tokens,
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
             self.last_running,
             self.last_waiting,
             self.last_kv_cache_usage,
@@ -393,13 +318,127 @@ class _EngineSeries:
         )
 
 
+class _Exposition:
+    """The one collector registered for a :class:`Metrics`: builds every family at scrape time.
+
+    The samples are what prometheus-client's ``Counter`` / ``Gauge`` / ``Histogram`` children
+    (created per engine in order of first appearance, request-success reasons in order of
+    first use) would expose, as floats, without the ``_created`` series. ``describe`` (the
+    families without samples) lets the registry detect name clashes without collecting.
+    """
+
+    __slots__ = ("_engines", "_les", "_success_order")
+
+    def __init__(self, engines: dict[int, _EngineSeries], token_bounds: tuple[float, ...],
+                 success_order: list[tuple[_EngineSeries, str]]) -> None:
+        self._engines = engines
+        self._success_order = success_order
+        # The ``le`` label values of each histogram, formatted as prometheus-client does.
+        self._les: dict[str, tuple[str, ...]] = {
+            attr: (*map(floatToGoString, token_bounds if bounds is None else bounds), "+Inf")
+            for attr, _, _, bounds in _HISTOGRAMS
+        }
+
+    def describe(self) -> list[Metric]:
+        return self._families((), ())
+
+    def collect(self) -> Iterator[Metric]:
+        # Copies first: the event loop may add an engine or a reason meanwhile.
+        yield from self._families(tuple(self._engines.values()), tuple(self._success_order))
+
+    def _families(self, engines: Sequence[_EngineSeries],
+                  success: Sequence[tuple[_EngineSeries, str]]) -> list[Metric]:
+        """Every family, in exposition order (counters, histograms, gauges)."""
+
+        def counter(name: str, doc: str, get: Callable[[_EngineSeries], int]) -> Metric:
+            family = CounterMetricFamily(name, doc, labels=_LABELS)
+            for e in engines:
+                family.add_metric(e.labels, float(get(e)))
+            return family
+
+        def gauge(name: str, doc: str, get: Callable[[_EngineSeries], float]) -> Metric:
+            family = GaugeMetricFamily(name, doc, labels=_LABELS)
+            for e in engines:
+                family.add_metric(e.labels, get(e))
+            return family
+
+        requests = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.",
+            labels=(*_LABELS, "finished_reason"))
+        for e, reason in success:
+            requests.add_metric((*e.labels, reason), float(e.success.get(reason, 0)))
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+            labels=(*_LABELS, "source"))
+        for e in engines:
+            for source, tokens in zip(PROMPT_TOKEN_SOURCES, (
+                    e.prompt_local_compute, e.prompt_local_cache_hit,
+                    e.prompt_external_kv_transfer), strict=True):
+                by_source.add_metric((*e.labels, source), float(tokens))
+        families = [
+            requests,
+            counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                    lambda e: e.prompt_tokens),
+            by_source,
+            counter("vllm:prompt_tokens_cached",
+                    "Number of cached prompt tokens (local + external).",
+                    lambda e: e.prompt_tokens_cached),
+            counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                    lambda e: e.generation_tokens),
+            counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                    lambda e: e.num_preemptions),
+            counter("vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    lambda e: e.prefix_cache_queries),
+            counter("vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    lambda e: e.prefix_cache_hits),
+        ]
+
+        for attr, name, doc, _ in _HISTOGRAMS:
+            les = self._les[attr]
+            histograms = HistogramMetricFamily(name, doc, labels=_LABELS)
+            for e in engines:
+                if attr == "inter_token_latency":
+                    counts, total = list(e.itl_counts), e.itl_sum
+                else:
+                    histogram: _Histogram = getattr(e, attr)
+                    counts, total = list(histogram.counts), histogram.sum
+                # Cumulate (from the copy) as prometheus-client does, in floats.
+                buckets = []
+                cumulative = 0.0
+                for le, count in zip(les, counts, strict=True):
+                    cumulative += count
+                    buckets.append((le, cumulative))
+                histograms.add_metric(e.labels, buckets, total)
+            families.append(histograms)
+
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for "
+            "scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, "
+            "KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+            labels=(*_LABELS, "reason"))
+        for e in engines:
+            by_reason.add_metric((*e.labels, "capacity"), e.gauge_waiting_capacity)
+            by_reason.add_metric((*e.labels, "deferred"), e.gauge_waiting_deferred)
+        families += [
+            gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                  lambda e: e.gauge_running),
+            gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                  lambda e: e.gauge_waiting),
+            by_reason,
+            gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                  lambda e: e.gauge_kv_cache_usage),
+        ]
+        return families
+
+
 def _dz(end: float, start: float) -> float:
     """``end - start`` when both timestamps were seen (> 0) and ordered, else 0."""
     if start > 0.0 and end > 0.0 and end >= start:
         return end - start
     return 0.0
-
-
 class Metrics:
     """vLLM's front-end Prometheus metrics for one client (one model name).
 
@@ -413,8 +452,8 @@ class Metrics:
     index is seen. The ``_created`` series are not exposed.
     """
 
-    __slots__ = ("_engines", "_exposition", "_families", "_max_model_len", "_model_name",
-                 "_registry")
+    __slots__ = ("_engines", "_exposition", "_max_model_len", "_model_name", "_registry",
+                 "_success_order", "_token_bounds")
 
     def __init__(
         self,
@@ -428,9 +467,10 @@ class Metrics:
         self._registry = CollectorRegistry() if registry is None else registry
         self._model_name = model_name
         self._max_model_len = max_model_len
-        self._families = _Families(max_model_len)
+        self._token_bounds = build_1_2_5_buckets(max_model_len)
         self._engines: dict[int, _EngineSeries] = {}
-        self._exposition = _Exposition(self._families.all())
+        self._success_order: list[tuple[_EngineSeries, str]] = []
+        self._exposition = _Exposition(self._engines, self._token_bounds, self._success_order)
         self._registry.register(self._exposition)
 
     @property
@@ -461,7 +501,7 @@ class Metrics:
         series = self._engines.get(engine_index)
         if series is None:
             series = self._engines[engine_index] = _EngineSeries(
-                self._families, self._model_name, engine_index)
+                str(self._model_name), engine_index, self._token_bounds, self._success_order)
         return series
 
     def tracker(
@@ -493,23 +533,21 @@ class Metrics:
         waiting = stats.num_waiting_reqs
         deferred = stats.num_skipped_waiting_reqs
         usage = stats.kv_cache_usage
-        series.num_requests_running.set(running)
-        series.num_requests_waiting.set(waiting + deferred)
-        series.waiting_capacity.set(waiting)
-        series.waiting_deferred.set(deferred)
-        series.kv_cache_usage_perc.set(usage)
+        series.gauge_running = float(running)
+        series.gauge_waiting = float(waiting + deferred)
+        series.gauge_waiting_capacity = float(waiting)
+        series.gauge_waiting_deferred = float(deferred)
+        series.gauge_kv_cache_usage = float(usage)
         series.last_running = running
         series.last_waiting = waiting + deferred
         series.last_kv_cache_usage = usage
         series.has_scheduler_stats = True
         queries = stats.prefix_cache_queries
         if queries > 0:
-            series.prefix_cache_queries.inc(queries)
-            series.total_prefix_cache_queries += queries
+            series.prefix_cache_queries += queries
         hits = stats.prefix_cache_hits
         if hits > 0:
-            series.prefix_cache_hits.inc(hits)
-            series.total_prefix_cache_hits += hits
+            series.prefix_cache_hits += hits
 
     def snapshot(self) -> dict[int, EngineTotals]:
         """The running totals of every engine seen so far (cheap: no registry collection)."""
@@ -632,38 +670,60 @@ class RequestTracker:
         clock); ``received_at`` the front end's ``time.time()`` when the batch arrived. Outputs
         without tokens (finish-only, synthetic abort) record neither TTFT nor ITL.
         """
+        # The hot path: a decode output (tokens, no prefill stats, no events) costs a few
+        # attribute updates and at most one bisect; keep it that way.
         prefill = output.prefill_stats
         if prefill is not None:
             self._latest_num_cached_tokens = prefill.num_cached_tokens
         events = output.events
         if events:
-            for event in events:
-                kind = event.type
-                if kind == _QUEUED:
-                    self._queued_ts = event.timestamp
-                elif kind == _SCHEDULED:
-                    if self._scheduled_ts == 0.0:
-                        self._scheduled_ts = event.timestamp
-                elif kind == _PREEMPTED:
-                    self._num_preemptions += 1
-                    self._series.num_preemptions.inc()
+            self._observe_events(events)
         n = len(output.new_token_ids)
         if n:
             series = self._series
             self._num_generation_tokens += n
-            series.generation_tokens.inc(n)
-            series.total_generation_tokens += n
-            if self._is_prefilling:
-                if prefill is not None:
-                    series.record_prompt(prefill)
-                latency = received_at - self._arrival_time
-                self._first_token_latency = latency
-                series.time_to_first_token.observe(latency)
-                self._first_token_ts = batch_timestamp
-                self._is_prefilling = False
-            elif self._last_token_ts > 0.0:
-                series.inter_token_latency.observe(batch_timestamp - self._last_token_ts)
+            series.generation_tokens += n
+            last = self._last_token_ts
+            if last > 0.0:  # so not prefilling: the first token-bearing output sets it
+                # _Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
+                # bucket of the previous value remembered: the outputs of one engine step
+                # usually share both batch timestamps, so the bisect runs once per step.
+                itl = batch_timestamp - last
+                if itl == series.itl_last:
+                    series.itl_counts[series.itl_last_bucket] += 1
+                else:
+                    i = bisect_left(_ITL_BOUNDS, itl)
+                    if i or itl == itl:
+                        series.itl_counts[i] += 1
+                    series.itl_last = itl
+                    series.itl_last_bucket = i
+                series.itl_sum += itl
+            elif self._is_prefilling:
+                self._observe_first_token(batch_timestamp, received_at, prefill)
             self._last_token_ts = batch_timestamp
+
+    def _observe_events(self, events: Sequence[EngineCoreEvent]) -> None:
+        for event in events:
+            kind = event.type
+            if kind == _QUEUED:
+                self._queued_ts = event.timestamp
+            elif kind == _SCHEDULED:
+                if self._scheduled_ts == 0.0:
+                    self._scheduled_ts = event.timestamp
+            elif kind == _PREEMPTED:
+                self._num_preemptions += 1
+                self._series.num_preemptions += 1
+
+    def _observe_first_token(self, batch_timestamp: float, received_at: float,
+                             prefill: PrefillStats | None) -> None:
+        series = self._series
+        if prefill is not None:
+            series.record_prompt(prefill)
+        latency = received_at - self._arrival_time
+        self._first_token_latency = latency
+        series.time_to_first_token.observe(latency)
+        self._first_token_ts = batch_timestamp
+        self._is_prefilling = False
 
     def record_finished(self, received_at: float, reason: str | EngineCoreFinishReason) -> None:
         """Record the request's end: ``vllm:request_success`` and the per-request histograms.
@@ -683,7 +743,7 @@ class RequestTracker:
         first, last = self._first_token_ts, self._last_token_ts
         n_gen = self._num_generation_tokens
         decode = _dz(last, first)
-        series.success(reason).inc()
+        series.count_success(reason)
         series.e2e_request_latency.observe(received_at - self._arrival_time)
         series.queue_time.observe(_dz(scheduled, queued))
         series.prefill_time.observe(_dz(first, scheduled))
