@@ -18,6 +18,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import random
 import socket as _socket
 import struct
 from collections.abc import Sequence
@@ -243,6 +244,44 @@ class ZmqSocket:
 
 def _is_ipv6_literal(address: str) -> bool:
     return address.startswith("tcp://[")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low, high = (int(v) for v in fh.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that is free now, for an address that must be known in advance
+    (a handshake address that engines dial).
+
+    It is chosen outside the kernel's ephemeral range when possible: a port picked by
+    binding to port 0 lies in that range, so until it is bound again any outgoing connection
+    on the machine may take it (ZeroMQ's own connections included) and the later bind fails.
+    """
+    low, high = _ephemeral_range()
+    candidates = [p for p in (random.randrange(10000, 32768) for _ in range(64))
+                  if not low <= p <= high]
+    family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+    for port in candidates:
+        with _socket.socket(family) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with _socket.socket(family) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def free_tcp_address(host: str = "127.0.0.1") -> str:
+    """``tcp://host:port`` with a port from :func:`free_tcp_port`."""
+    return bind_address(host, free_tcp_port(host))
 
 
 def bind_address(host: str, port: int = 0) -> str:

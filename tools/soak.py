@@ -61,6 +61,7 @@ from anyio_genout import (
     SamplingParams,
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
+from anyio_genout.transport import free_tcp_port
 
 MiB = 2**20
 
@@ -77,11 +78,7 @@ def rss() -> int:
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_tcp_port()
 
 
 @dataclass

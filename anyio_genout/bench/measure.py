@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from ..transport import free_tcp_port
 from .spec import CellSpec, Sample
 
 #: Vocabulary and context length of the engine (those of the interop tiny model).
@@ -30,11 +30,8 @@ __all__ = ["EngineProcess", "Meter", "Snapshot", "free_port", "freeze_gc", "rss_
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that is free now (outside the ephemeral range)."""
+    return free_tcp_port()
 
 
 def rss_bytes() -> int:

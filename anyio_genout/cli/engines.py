@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,14 +18,9 @@ from ..engine import EngineCoreClientConfig
 from ..errors import EngineDeadError
 from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
+from ..transport import free_tcp_port
 
 __all__ = ["ClientSession", "Interrupt", "free_tcp_port", "interruptible"]
-
-
-def free_tcp_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class Interrupt:

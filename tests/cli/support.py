@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -17,6 +16,7 @@ import pytest
 
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import AddRequest
+from anyio_genout.transport import free_tcp_port
 
 #: ``python -m anyio_genout``: the command line, without depending on where scripts install.
 CLI = [sys.executable, "-m", "anyio_genout"]
@@ -25,10 +25,7 @@ CLI = [sys.executable, "-m", "anyio_genout"]
 COMMAND_TIMEOUT = 30.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+free_port = free_tcp_port
 
 
 def cli(*args: str, timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:

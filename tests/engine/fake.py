@@ -7,7 +7,6 @@ handshake stages, which frames to push, and it records every request frame it re
 from __future__ import annotations
 
 import itertools
-import socket
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
@@ -34,15 +33,13 @@ from anyio_genout.protocol import (
     encode_status,
     engine_identity,
 )
-from anyio_genout.transport import ZmqSocket, new_context
+from anyio_genout.transport import ZmqSocket, free_tcp_port, new_context
+
+free_port = free_tcp_port
 
 Request = AddRequest | AbortRequest | UtilityRequest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:

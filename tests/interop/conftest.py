@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shlex
-import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, HandshakeError
+from anyio_genout.transport import free_tcp_port
 from anyio_genout.vllm import (
     VllmEngines,
     read_model_eos_token_id,
@@ -104,10 +104,8 @@ def unique_id(prefix: str) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on loopback that is free now (outside the ephemeral range)."""
+    return free_tcp_port()
 
 
 @contextlib.asynccontextmanager
