@@ -14,7 +14,8 @@ engine identity, or a well-formed one from an unexpected engine, is a :class:`Ha
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import anyio
 import attrs
@@ -44,6 +45,7 @@ from .config import EngineCoreClientConfig
 __all__ = ["BoundSockets", "bind_sockets", "run_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
+T = TypeVar("T")
 
 #: Output messages kept from before every engine was READY (an engine sends none then).
 MAX_EARLY_OUTPUTS: Final = 1024
@@ -139,23 +141,30 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
             )
         return rank
 
-    async def handshake_loop(sock: ZmqSocket) -> None:
-        while len(ready) < len(expected):
+    async def receive_decoded(sock: ZmqSocket, where: str, what: str,
+                              decode: Callable[[bytes], T]) -> tuple[bytes, T]:
+        """The next ``[identity, message]`` that decodes; junk from strangers is skipped."""
+        while True:
             frames = await sock.receive()
             identity = bytes(frames[0].buffer)
             if len(frames) != 2:
                 if identity not in expected:
-                    ignore(identity, "handshake", f"{len(frames)} frames")
+                    ignore(identity, where, f"{len(frames)} frames")
                     continue
-                raise HandshakeError(f"handshake: expected [identity, message] from engine "
+                raise HandshakeError(f"{what}: expected [identity, message] from engine "
                                      f"{expected[identity]}, got {len(frames)} frames")
             try:
-                message = decode_status(bytes(frames[1].buffer))
+                return identity, decode(bytes(frames[1].buffer))
             except GenoutError as exc:
                 if identity not in expected:
-                    ignore(identity, "handshake", str(exc))
+                    ignore(identity, where, str(exc))
                     continue
                 raise HandshakeError(f"engine {expected[identity]}: {exc}") from None
+
+    async def handshake_loop(sock: ZmqSocket) -> None:
+        while len(ready) < len(expected):
+            identity, message = await receive_decoded(sock, "handshake", "handshake",
+                                                      decode_status)
             rank = rank_of(identity, message.status.value)
             if message.status is EngineStatus.HELLO:
                 if rank in hello:
@@ -174,21 +183,8 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
 
     async def registration_loop(sock: ZmqSocket) -> None:
         while len(registered) < len(expected):
-            frames = await sock.receive()
-            identity = bytes(frames[0].buffer)
-            if len(frames) != 2:
-                if identity not in expected:
-                    ignore(identity, "input", f"{len(frames)} frames")
-                    continue
-                raise HandshakeError(f"input registration: expected [identity, message] from "
-                                     f"engine {expected[identity]}, got {len(frames)} frames")
-            try:
-                response = decode_ready_response(bytes(frames[1].buffer))
-            except GenoutError as exc:
-                if identity not in expected:
-                    ignore(identity, "input", str(exc))
-                    continue
-                raise HandshakeError(f"engine {expected[identity]}: {exc}") from None
+            identity, response = await receive_decoded(sock, "input", "input registration",
+                                                       decode_ready_response)
             rank = rank_of(identity, "input registration")
             if rank in registered:
                 raise HandshakeError(f"duplicate input registration from engine {rank}")
