@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import anyio
@@ -43,12 +43,14 @@ class OutputMailbox:
     client's single largest cost per token before the change (docs/performance.md).
     """
 
-    __slots__ = ("closed", "items", "waiter")
+    __slots__ = ("closed", "items", "new_event", "waiter")
 
-    def __init__(self) -> None:
+    def __init__(self, new_event: Callable[[], anyio.Event] = anyio.Event) -> None:
         self.items: deque[StreamItem] = deque()
         self.closed = False
         self.waiter: anyio.Event | None = None
+        #: Makes the event a waiting consumer parks on.
+        self.new_event = new_event
 
     def put(self, item: StreamItem) -> None:
         """Append ``item`` (ignored once closed) and wake the consumer."""
@@ -107,6 +109,9 @@ class RequestRegistry:
     """Live requests by id, plus per-engine load for routing."""
 
     def __init__(self, ranks: Iterable[int]) -> None:
+        # ``anyio.Event()`` looks the running backend up on every call; the backend's own
+        # event class, taken once here (in the event loop), skips that per wait.
+        self._new_event: Callable[[], anyio.Event] = type(anyio.Event())
         self.requests: dict[str, RequestEntry] = {}
         self.engines: dict[int, EngineLoad] = {rank: EngineLoad(rank) for rank in ranks}
         # Tie order: the engines' 2-byte identities compared bytewise.
@@ -132,7 +137,7 @@ class RequestRegistry:
     def register(self, request_id: str, engine: int) -> RequestEntry:
         if request_id in self.requests:
             raise DuplicateRequestIdError(request_id)
-        entry = RequestEntry(request_id, engine, OutputMailbox())
+        entry = RequestEntry(request_id, engine, OutputMailbox(self._new_event))
         self.requests[request_id] = entry
         self.engines[engine].in_flight += 1
         return entry

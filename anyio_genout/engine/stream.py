@@ -93,7 +93,7 @@ class EngineCoreOutputStream:
         else:
             self._since_checkpoint = 0
             while not items and not box.closed:
-                waiter = box.waiter = anyio.Event()
+                waiter = box.waiter = box.new_event()
                 try:
                     await waiter.wait()
                 finally:

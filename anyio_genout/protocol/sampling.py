@@ -275,6 +275,10 @@ def _check_int(value: object, field: str, *, low: int | None = None,
 
 
 def _check_float(value: object, field: str, low: float, high: float) -> None:
+    # Fast path (this runs per request): NaN fails the comparison, and so does an infinity
+    # unless the range itself is unbounded on that side, exactly as the checks below.
+    if (type(value) is float or type(value) is int) and low <= value <= high:
+        return
     if type(value) not in (int, float):
         raise InvalidRequestError(field, f"must be a number, got {type(value).__name__}")
     assert isinstance(value, int | float)
