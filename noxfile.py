@@ -30,7 +30,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    session.install("-e", ".[test,uvloop]", "mypy>=1.10")
+    session.install("-e", ".[test,uvloop,bench]", "mypy>=1.10")
     session.run("mypy", "--strict", PACKAGE)
 
 

@@ -11,7 +11,7 @@ rung adds one layer to the one before, so the differences are what each layer co
 1. ``floor``: blocking pyzmq ``recv_multipart`` + ``msgpack.unpackb``, count tokens by id;
 2. ``decode``: the same loop with ``decode_outputs`` (the typed protocol decode) instead;
 3. ``engine``: :class:`~anyio_genout.EngineCoreClient` streams (``engine.call``) on the
-   backend: the reader task, the registry, one memory channel per request, the event loop;
+   backend: the reader task, the registry, one output mailbox per request, the event loop;
 4. ``generate``: :class:`~anyio_genout.Client` streams (``client.generate``): request
    building, the cancel scope, metrics tracking and ``GenerateOutput`` per output.
 
