@@ -18,7 +18,7 @@ PACKAGE = "anyio_genout"
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite; every async test runs on asyncio, asyncio+uvloop and trio."""
-    session.install("-e", ".[test,uvloop]")
+    session.install("-e", ".[test,uvloop,bench]")
     session.run("python", "-m", "pytest", *session.posargs)
 
 
