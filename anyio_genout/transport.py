@@ -11,7 +11,7 @@ Rules this module keeps:
 * exactly one task waits on a socket's descriptor (receivers are serialised by the caller's
   design: one reader task per socket; senders share a lock);
 * closing marks the socket closed, wakes any waiter with :func:`anyio.notify_closing`, then
-  closes with ``linger=0``;
+  closes (with no linger unless asked, so nothing waits on a dead peer);
 * every ``zmq.ZMQError`` becomes :class:`~anyio_genout.errors.OperationalError`-family errors
   or :class:`anyio.ClosedResourceError`, never leaks.
 """
@@ -229,13 +229,17 @@ class ZmqSocket:
 
     # ------------------------------------------------------------------ closing
 
-    def close(self) -> None:
-        """Close now (no linger); wakes a task blocked in :meth:`receive`. Idempotent."""
+    def close(self, linger: float = 0.0) -> None:
+        """Close; wakes a task blocked in :meth:`receive`. Idempotent.
+
+        ``linger`` (seconds) lets messages already queued leave after the close; the
+        context's ``term()`` waits for them at most that long. The default drops them.
+        """
         if self._closed:
             return
         self._closed = True
         anyio.notify_closing(self._fd)
-        self._sock.close(linger=0)
+        self._sock.close(linger=int(linger * 1000))
 
     async def aclose(self) -> None:
         self.close()

@@ -32,6 +32,7 @@ from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import attrs
 import zmq
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -74,6 +75,8 @@ logger = logging.getLogger("anyio_genout.engine")
 
 #: At most this many ids in one ABORT frame.
 MAX_ABORT_BATCH: Final = 1024
+#: Seconds the input socket may keep the final ABORT frames queued after the client closes.
+CLOSE_LINGER: Final = 0.5
 #: Messages handled per reader pass before yielding to other tasks.
 MAX_READ_BATCH: Final = 64
 #: Unexpected input-socket messages logged one by one; later ones are only counted.
@@ -706,7 +709,7 @@ class _Connection:
         client._flush_aborts(list(client._pending_aborts.items()))
         client.fail(ClientClosedError("engine-core client is closed"))
         client._abort_send.close()
-        client._sockets.close()
+        client._sockets.close(input_linger=CLOSE_LINGER)
         tg.cancel_scope.cancel()
         # The body's exception (if any) propagates unchanged: it never enters the task group.
         try:
@@ -715,5 +718,8 @@ class _Connection:
             raise RuntimeError("anyio-genout background task failed") from group
         finally:
             client._abort_receive.close()
-            self._context.term()
+            # term() waits (at most CLOSE_LINGER) for the last ABORTs to leave; in a worker
+            # thread, shielded, so the event loop never blocks on it and it always completes.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._context.term)
 

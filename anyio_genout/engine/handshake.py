@@ -75,11 +75,13 @@ class BoundSockets:
     #: Output messages that arrived during the handshake, for the reader to dispatch first.
     early_outputs: list[list[zmq.Frame]] = attrs.field(factory=list)
 
-    def close(self) -> None:
+    def close(self, input_linger: float = 0.0) -> None:
+        """Close every socket; ``input_linger`` lets queued requests (final ABORTs) leave."""
         # The monitor first: it must not outlive the socket it watches.
-        for sock in (self.output_monitor, self.handshake, self.input, self.output):
+        for sock in (self.output_monitor, self.handshake, self.output):
             if sock is not None:
                 sock.close()
+        self.input.close(input_linger)
 
 
 def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> BoundSockets:
