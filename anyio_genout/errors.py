@@ -30,6 +30,7 @@ __all__ = [
     "ProtocolError",
     "RequestStreamClosed",
     "SamplingMaskMismatchError",
+    "TransportError",
     "UnsupportedVersionError",
     "UsageError",
     "UtilityCallError",
@@ -104,6 +105,10 @@ class UnsupportedVersionError(HandshakeError):
         )
         self.engine_version = engine_version
         self.supported = supported
+
+
+class TransportError(OperationalError):
+    """A ZeroMQ socket failed (bind, connect, send or receive)."""
 
 
 class EngineDeadError(OperationalError):

@@ -28,7 +28,7 @@ import anyio
 import anyio.lowlevel
 import zmq
 
-from .errors import OperationalError
+from .errors import TransportError
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -43,10 +43,6 @@ __all__ = [
 #: client allocate more than this per frame.
 DEFAULT_MAX_MESSAGE_SIZE: Final = 256 * 1024 * 1024
 Frames = Sequence[bytes | memoryview | zmq.Frame]
-
-
-class TransportError(OperationalError):
-    """A ZeroMQ socket failed (bind, connect, send or receive)."""
 
 
 class MonitorEvent:
