@@ -47,12 +47,11 @@ from anyio_genout import (
     EngineCoreClient,
     EngineCoreClientConfig,
     EngineCoreRequest,
-    GenerateRequest,
     SamplingParams,
 )
 from anyio_genout.bench.floor import FloorClient
 from anyio_genout.bench.measure import EngineProcess, Meter, free_port, freeze_gc
-from anyio_genout.bench.ours import prompt
+from anyio_genout.bench.ours import prompt, run_streams
 from anyio_genout.bench.spec import CellSpec, summarise
 from anyio_genout.protocol import RequestBatch, decode_outputs
 
@@ -152,30 +151,8 @@ async def _engine_round(engine: EngineCoreClient, tag: str, count: int, tokens: 
 
 async def _generate_round(client: Client, tag: str, count: int, tokens: int,
                           ids: tuple[int, ...], gate: bool = False) -> int:
-    delivered = entered = 0
-    all_in = anyio.Event()
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
-
-    async def one(i: int) -> None:
-        nonlocal delivered, entered
-        request = GenerateRequest(request_id=f"{tag}-{i}", prompt_token_ids=ids,
-                                  sampling_params=params)
-        n = 0
-        async with client.generate(request) as stream:
-            entered += 1
-            if entered == count:
-                all_in.set()
-            async for out in stream:
-                n += len(out.token_ids)
-        delivered += n
-
-    async with anyio.create_task_group() as tg:
-        for i in range(count):
-            tg.start_soon(one, i)
-        if gate:
-            await all_in.wait()
-            await client.engine.resume_scheduler()
-    return delivered
+    # Exactly what `anyio-genout bench` measures for the throughput workload.
+    return await run_streams(client, count, tokens, ids, tag, release=gate)
 
 
 async def _async_rung(args: argparse.Namespace, rung: str, address: str,

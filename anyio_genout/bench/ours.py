@@ -78,11 +78,11 @@ async def _main(spec: CellSpec, engine: EngineProcess, address: str) -> Result:
 
 async def _warm_up(client: Client, spec: CellSpec) -> None:
     """A few requests through every code path, so imports and caches are not measured."""
-    await _streams(client, min(spec.concurrency, 64) if spec.workload != "memory" else 16, 8,
+    await run_streams(client, min(spec.concurrency, 64) if spec.workload != "memory" else 16, 8,
                    prompt(spec.prompt_len, 1), "warm")
 
 
-async def _streams(client: Client, count: int, tokens: int, ids: tuple[int, ...],
+async def run_streams(client: Client, count: int, tokens: int, ids: tuple[int, ...],
                    tag: str, *, release: bool = False) -> int:
     """``count`` concurrent streams of ``tokens`` tokens each; returns tokens delivered.
 
@@ -139,7 +139,7 @@ async def _throughput(client: Client, spec: CellSpec, meter: Meter) -> Result:
         if gate:
             await client.engine.pause_scheduler("keep", False)
         started = meter.start()
-        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
+        tokens = await run_streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
                                 release=gate)
         meter.stop(started, tokens=tokens, requests=spec.concurrency)
         complete = complete and tokens == expected
@@ -172,7 +172,7 @@ async def _batching(client: Client, spec: CellSpec, ids: tuple[int, ...]) -> Res
         await client.engine.pause_scheduler("keep", False)
     setattr(engine, "_dispatch", counting)  # noqa: B010 - an instance attribute, on purpose
     try:
-        tokens = await _streams(client, spec.concurrency, spec.tokens, ids, "count",
+        tokens = await run_streams(client, spec.concurrency, spec.tokens, ids, "count",
                                 release=gate)
     finally:
         delattr(engine, "_dispatch")
