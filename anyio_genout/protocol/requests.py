@@ -158,7 +158,7 @@ class EngineCoreRequest:
             self.request_id,
             list(self.prompt_token_ids),
             None,  # mm_features
-            self.sampling_params.to_wire(max_tokens=self.max_tokens),
+            self.sampling_params.wire_for_request(self.max_tokens),
             None,  # pooling_params
             float(self.arrival_time),
             lora,

@@ -82,9 +82,24 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_token_list)
     skip_reading_prefix_cache: bool | None = None
     extra_args: Mapping[str, Any] | None = None
+    # Memo of the last successful validate() and of the wire map (the instance is frozen, so
+    # both stay true; batch jobs reuse one SamplingParams for many requests). Not kept when a
+    # mutable mapping (logit_bias, extra_args) is set, since its contents could change.
+    _validated_for: tuple[int | None, int | None] | None = attrs.field(
+        default=None, init=False, eq=False, repr=False)
+    _wire_memo: tuple[int | None, dict[str, Any]] | None = attrs.field(
+        default=None, init=False, eq=False, repr=False)
 
     def validate(self, *, vocab_size: int | None = None, max_logprobs: int | None = None) -> None:
         """Raise :class:`InvalidRequestError` for anything vLLM would reject or die on."""
+        key = (vocab_size, max_logprobs)
+        if self._validated_for == key:
+            return
+        self._validate(vocab_size, max_logprobs)
+        if self.logit_bias is None and self.extra_args is None:
+            object.__setattr__(self, "_validated_for", key)
+
+    def _validate(self, vocab_size: int | None, max_logprobs: int | None) -> None:
         _check_int(self.n, "n", low=1)
         if self.n != 1:
             raise InvalidRequestError("n", f"must be 1 (the engine samples one sequence per "
@@ -163,6 +178,16 @@ class SamplingParams:
             ):
                 raise InvalidRequestError("extra_args", "must be a mapping with string keys")
             _check_plain(self.extra_args, "extra_args")
+
+    def wire_for_request(self, max_tokens: int | None) -> dict[str, Any]:
+        """:meth:`to_wire`, memoised per ``max_tokens``; the result must not be mutated."""
+        memo = self._wire_memo
+        if memo is not None and memo[0] == max_tokens:
+            return memo[1]
+        wire = self.to_wire(max_tokens=max_tokens)
+        if self.logit_bias is None and self.extra_args is None:
+            object.__setattr__(self, "_wire_memo", (max_tokens, wire))
+        return wire
 
     def to_wire(self, *, max_tokens: int | None = None) -> dict[str, Any]:
         """The msgpack map vLLM's engine decodes, defaults omitted (``omit_defaults``).

@@ -1,0 +1,35 @@
+"""SamplingParams remembers a successful validation and its wire map (it is frozen)."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyio_genout import InvalidRequestError
+from anyio_genout.protocol import SamplingParams
+
+
+def test_validation_is_remembered_per_limits() -> None:
+    params = SamplingParams(temperature=0.5, stop_token_ids=[900])
+    params.validate(vocab_size=1000)
+    params.validate(vocab_size=1000)  # remembered: no error, no work
+    with pytest.raises(InvalidRequestError, match=r"stop_token_ids\[0\]"):
+        params.validate(vocab_size=800)  # other limits are checked again
+
+
+def test_mutable_mappings_are_checked_every_time() -> None:
+    bias = {5: 1.0}
+    params = SamplingParams(logit_bias=bias)
+    params.validate(vocab_size=10)
+    bias[50] = 1.0  # the caller changed the mapping after the first check
+    with pytest.raises(InvalidRequestError, match="logit_bias"):
+        params.validate(vocab_size=10)
+    assert params.wire_for_request(4) is not params.wire_for_request(4)
+
+
+def test_wire_map_is_shared_per_max_tokens_and_equal_to_to_wire() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=9)
+    first = params.wire_for_request(7)
+    assert params.wire_for_request(7) is first
+    assert first == params.to_wire(max_tokens=7)
+    assert params.wire_for_request(8) == params.to_wire(max_tokens=8)
+    assert params == SamplingParams(temperature=0.0, max_tokens=9)  # memo not in equality
