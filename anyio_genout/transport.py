@@ -43,6 +43,8 @@ __all__ = [
 #: client allocate more than this per frame.
 DEFAULT_MAX_MESSAGE_SIZE: Final = 256 * 1024 * 1024
 Frames = Sequence[bytes | memoryview | zmq.Frame]
+#: Parts at least this large are sent without a copy (pyzmq copies smaller ones anyway).
+_ZERO_COPY_THRESHOLD: Final = 65536
 
 
 class MonitorEvent:
@@ -199,8 +201,15 @@ class ZmqSocket:
         """
         if self._closed:
             raise anyio.ClosedResourceError
+        # Zero-copy sends build a zmq.Frame per part, which costs more than copying a small
+        # part (a typical ADD is a few hundred bytes): copy unless a part is large.
+        copy = True
+        for frame in frames:
+            if len(frame) >= _ZERO_COPY_THRESHOLD:
+                copy = False
+                break
         try:
-            self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self._sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
