@@ -82,7 +82,10 @@ async def test_out_of_vocabulary_prompt_token_is_refused_locally(where: str) -> 
 async def test_without_vocab_size_an_oov_token_kills_the_engine_and_every_stream() -> None:
     """Why the check matters: the engine dies and takes the innocent requests along; each
     still ends with exactly one error, nothing hangs."""
-    async with generate_client(mock={"vocab_size": VOCAB}) as (client, cluster):
+    # Paced steps: the innocent requests (1000 tokens) must still be running when the bad
+    # one arrives, even on a loaded machine.
+    async with generate_client(mock={"vocab_size": VOCAB, "step_time": 0.002}) as (
+            client, cluster):
         errors: list[BaseException | None] = []
 
         async def innocent(i: int) -> None:
