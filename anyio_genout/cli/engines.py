@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
 
@@ -33,8 +33,7 @@ class Interrupt:
         return self.signal is not None
 
 
-@asynccontextmanager
-async def interruptible() -> AsyncIterator[Interrupt]:
+class interruptible:
     """``async with interruptible() as interrupted``: the first SIGINT/SIGTERM cancels the body.
 
     The body leaves by cancellation, so every open ``client.generate`` scope aborts its
@@ -43,20 +42,41 @@ async def interruptible() -> AsyncIterator[Interrupt]:
     KeyboardInterrupt) covers SIGTERM and trio alike, and a process started with SIGINT
     ignored still stops. A second signal, after the first was handled, gets the default
     behaviour (KeyboardInterrupt / termination), so a stuck shutdown can still be forced.
-    """
-    interrupt = Interrupt()
-    async with anyio.create_task_group() as tg:
-        async def watch(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                task_status.started()
-                async for signum in signals:
-                    interrupt.signal = signum
-                    tg.cancel_scope.cancel()
-                    return
 
-        await tg.start(watch)
-        yield interrupt
-        tg.cancel_scope.cancel()
+    A class rather than a generator-based context manager, so no generator straddles the
+    task group's cancel scope, and an exception from the body passes through unwrapped.
+    """
+
+    def __init__(self) -> None:
+        self._interrupt = Interrupt()
+        self._tg = anyio.create_task_group()
+
+    async def _watch(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for signum in signals:
+                self._interrupt.signal = signum
+                self._tg.cancel_scope.cancel()
+                return
+
+    async def __aenter__(self) -> Interrupt:
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._watch)
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._tg.__aexit__(None, None, None)
+            raise
+        return self._interrupt
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool:
+        self._tg.cancel_scope.cancel()
+        if self._interrupt and isinstance(exc, anyio.get_cancelled_exc_class()):
+            # Our own cancellation (the signal): the task group's scope absorbs it.
+            return bool(await self._tg.__aexit__(exc_type, exc, tb))
+        await self._tg.__aexit__(None, None, None)
+        return False
 
 
 class ClientSession:
@@ -99,9 +119,10 @@ class ClientSession:
 
             vocab_size = vocab_size or read_model_vocab_size(args.vllm_model)
             eos = eos if eos is not None else read_model_eos_token_id(args.vllm_model)
+            command = shlex.split(args.vllm_command) if args.vllm_command else None
             engines = await self._stack.enter_async_context(spawn_vllm_engines(
                 args.vllm_model, handshake_address=handshake, engine_count=args.engine_count,
-                extra_args=args.vllm_arg))
+                extra_args=args.vllm_arg, command=command))
             self._say(f"started vLLM engine process(es) {engines.pids}; waiting for READY...")
         elif args.handshake_address is not None:
             host, _, port = handshake.rpartition(":")
@@ -146,8 +167,11 @@ class ClientSession:
             scope.cancel()
 
         unregister = engines.on_exit(on_exit)
+        # The progress task ends by itself once connected: cancelling its task group's scope
+        # would cancel everything entered after it, the caller's code included.
+        connected = anyio.Event()
         progress = await self._stack.enter_async_context(anyio.create_task_group())
-        progress.start_soon(self._progress, started)
+        progress.start_soon(self._progress, started, connected)
         try:
             client = await self._stack.enter_async_context(Client.connect(config))
         except BaseException:
@@ -155,19 +179,22 @@ class ClientSession:
                 raise died[0] from None
             raise
         finally:
-            progress.cancel_scope.cancel()
+            connected.set()
             unregister()
         engines.on_exit(client.engine.fail)
         self._say(f"engines ready after {time.monotonic() - started:.1f} s")
         return client
 
-    async def _progress(self, started: float) -> None:
-        if self._quiet or not sys.stderr.isatty():
-            await anyio.sleep_forever()
-        while True:
-            await anyio.sleep(0.5)
-            print(f"\rwaiting for engines: {time.monotonic() - started:5.1f} s", end="",
-                  file=sys.stderr, flush=True)
+    async def _progress(self, started: float, connected: anyio.Event) -> None:
+        show = not self._quiet and sys.stderr.isatty()
+        while not connected.is_set():
+            with anyio.move_on_after(0.5):
+                await connected.wait()
+            if show and not connected.is_set():
+                print(f"\rwaiting for engines: {time.monotonic() - started:5.1f} s", end="",
+                      file=sys.stderr, flush=True)
+        if show:
+            print(file=sys.stderr)
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> bool | None:

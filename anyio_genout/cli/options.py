@@ -40,6 +40,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                        help="start `vllm serve PATH --headless` engines as child processes")
     group.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                        help="extra argument for managed vLLM engines (repeatable)")
+    group.add_argument("--vllm-command", metavar="CMD",
+                       help="command that runs vLLM's CLI for --vllm-model, e.g. 'vllm' or "
+                            "'/venv/bin/python -m anyio_genout.vllm.cli' (default: this "
+                            "Python with -m anyio_genout.vllm.cli)")
     group.add_argument("--ready-timeout", type=float, default=600.0, metavar="SECONDS")
     group.add_argument("--mock-engines", type=int, default=1, metavar="N",
                        help="embedded mock engines to start (default 1)")
