@@ -1,0 +1,93 @@
+"""Typed wrappers over :meth:`EngineCoreClient.call_utility` (vLLM's engine utility methods).
+
+Each wrapper fans out to every engine; results are combined the way vLLM's own client does:
+consensus (every engine must agree, else :class:`InconsistentUtilityResultsError`), AND, or
+flattened in engine order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import InconsistentUtilityResultsError
+
+__all__ = ["UtilityCalls"]
+
+
+class UtilityCalls:
+    """Mixed into :class:`~anyio_genout.EngineCoreClient`, which provides ``call_utility``."""
+
+    async def call_utility(self, method: str, *args: Any) -> list[Any]:
+        raise NotImplementedError  # pragma: no cover - provided by EngineCoreClient
+
+    async def _consensus(self, method: str, *args: Any) -> Any:
+        results = await self.call_utility(method, *args)
+        if any(r != results[0] for r in results[1:]):
+            raise InconsistentUtilityResultsError(method, results)
+        return results[0]
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return tuple(await self._consensus("get_supported_tasks"))
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._consensus("is_sleeping"))
+
+    async def is_scheduler_paused(self) -> bool:
+        return bool(await self._consensus("is_scheduler_paused"))
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        results = await self.call_utility("reset_prefix_cache", reset_running_requests,
+                                          reset_connector)
+        return all(bool(r) for r in results)
+
+    async def reset_mm_cache(self) -> None:
+        await self.call_utility("reset_mm_cache")
+
+    async def reset_encoder_cache(self) -> None:
+        await self.call_utility("reset_encoder_cache")
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        await self.call_utility("sleep", level, mode)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        await self.call_utility("wake_up", None if tags is None else list(tags))
+
+    async def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        await self.call_utility("pause_scheduler", mode, clear_cache)
+
+    async def resume_scheduler(self) -> None:
+        await self.call_utility("resume_scheduler")
+
+    async def add_lora(self, lora: Any) -> bool:
+        wire = lora.to_wire() if hasattr(lora, "to_wire") else lora
+        return all(bool(r) for r in await self.call_utility("add_lora", wire))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return all(bool(r) for r in await self.call_utility("remove_lora", lora_id))
+
+    async def list_loras(self) -> set[int]:
+        found: set[int] = set()
+        for result in await self.call_utility("list_loras"):
+            found.update(result or ())
+        return found
+
+    async def start_profile(self, prefix: str | None = None) -> None:
+        await self.call_utility("profile", True, prefix)
+
+    async def stop_profile(self) -> None:
+        await self.call_utility("profile", False, None)
+
+    async def collective_rpc(self, method: str, worker_timeout: float | None = None,
+                             args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+                             ) -> list[Any]:
+        """Run ``method`` on every worker of every engine; results flattened in engine order."""
+        flat: list[Any] = []
+        for result in await self.call_utility("collective_rpc", method, worker_timeout, list(args),
+                                              kwargs or {}):
+            if isinstance(result, list):
+                flat.extend(result)
+            else:
+                flat.append(result)
+        return flat
