@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgpack
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,6 +49,7 @@ from anyio_genout import (
     SamplingParams,
 )
 from anyio_genout.bench.floor import FloorClient
+from anyio_genout.bench.floor import run_streams as run_floor_streams
 from anyio_genout.bench.measure import EngineProcess, Meter, free_port, freeze_gc
 from anyio_genout.bench.ours import prompt, run_streams
 from anyio_genout.bench.spec import CellSpec, summarise
@@ -75,6 +75,8 @@ def _sync_rung(args: argparse.Namespace, rung: str) -> dict[str, Any]:
     recv = client.output.recv_multipart
 
     def round_(tag: str, count: int, tokens: int, gate: bool = False) -> int:
+        if rung == "floor":  # exactly what `anyio-genout bench` measures as the floor
+            return run_floor_streams(client, count, tokens, ids, tag, release=gate)
         wire = client.template(tokens, ids)
         for i in range(count):
             client.add(wire, f"{tag}-{i}")
@@ -83,20 +85,14 @@ def _sync_rung(args: argparse.Namespace, rung: str) -> dict[str, Any]:
         counts: dict[str, int] = {}
         done = 0
         while done < count:
-            if rung == "floor":
-                for row in msgpack.unpackb(recv()[0])[1]:
-                    counts[row[0]] = counts.get(row[0], 0) + len(row[1])
-                    if row[5] is not None:
-                        done += 1
-            else:
-                message = decode_outputs(recv(copy=False))
-                if type(message) is not RequestBatch:
-                    continue  # a utility reply
-                for out in message.message.outputs:
-                    counts[out.request_id] = (counts.get(out.request_id, 0)
-                                              + len(out.new_token_ids))
-                    if out.finish_reason is not None:
-                        done += 1
+            message = decode_outputs(recv(copy=False))
+            if type(message) is not RequestBatch:
+                continue  # a utility reply
+            for out in message.message.outputs:
+                counts[out.request_id] = (counts.get(out.request_id, 0)
+                                          + len(out.new_token_ids))
+                if out.finish_reason is not None:
+                    done += 1
         return sum(counts.values())
 
     try:

@@ -121,7 +121,7 @@ def run(spec: CellSpec) -> Result:
     try:
         with EngineProcess(client.handshake_address, spec) as engine:
             client.connect()
-            _streams(client, min(spec.concurrency, 64), 8, prompt(spec.prompt_len, 1), "warm")
+            run_streams(client, min(spec.concurrency, 64), 8, prompt(spec.prompt_len, 1), "warm")
             frozen = freeze_gc()
             meter = Meter(spec, engine)
             extra = _WORKLOADS[spec.workload](client, spec, meter)
@@ -135,7 +135,7 @@ def run(spec: CellSpec) -> Result:
     return result
 
 
-def _streams(client: FloorClient, count: int, tokens: int, ids: tuple[int, ...],
+def run_streams(client: FloorClient, count: int, tokens: int, ids: tuple[int, ...],
              tag: str, *, release: bool = False) -> int:
     wire = client.template(tokens, ids)
     for i in range(count):
@@ -164,7 +164,7 @@ def _throughput(client: FloorClient, spec: CellSpec, meter: Meter) -> Result:
         if gate:
             client.pause()
         started = meter.start()
-        tokens = _streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
+        tokens = run_streams(client, spec.concurrency, spec.tokens, ids, f"t{rounds}",
                           release=gate)
         meter.stop(started, tokens=tokens, requests=spec.concurrency)
         complete = complete and tokens == spec.concurrency * spec.tokens
