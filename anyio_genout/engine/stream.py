@@ -20,7 +20,7 @@ __all__ = ["EngineCoreOutputStream", "StreamState"]
 
 # Read this many buffered outputs without a checkpoint before yielding to the event loop
 # anyway (so a consumer that keeps up cannot starve other tasks or delay cancellation long).
-_CHECKPOINT_EVERY: Final = 32
+CHECKPOINT_EVERY: Final = 32
 
 
 class StreamState(enum.Enum):
@@ -86,7 +86,7 @@ class EngineCoreOutputStream:
         items = box.items
         if items:
             count = self._since_checkpoint + 1
-            if count >= _CHECKPOINT_EVERY:
+            if count >= CHECKPOINT_EVERY:
                 count = 0
                 await anyio.lowlevel.checkpoint()
             self._since_checkpoint = count

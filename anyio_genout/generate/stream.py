@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ..engine import EngineCoreOutputStream
+from ..engine.stream import CHECKPOINT_EVERY
 from ..errors import SamplingMaskMismatchError
 from ..metrics import RequestTracker
 from ..protocol import EngineCoreRequest, Logprobs, SamplingMask
@@ -39,9 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["GenerateStream"]
 
 logger = logging.getLogger("anyio_genout.generate")
-
-#: Outputs taken from the buffer between two checkpoints (see EngineCoreOutputStream).
-_CHECKPOINT_EVERY = 32
 
 
 class GenerateStream:
@@ -174,7 +172,7 @@ class GenerateStream:
             item = await raw.__anext__()
         else:
             self._since_checkpoint += 1
-            if self._since_checkpoint >= _CHECKPOINT_EVERY:
+            if self._since_checkpoint >= CHECKPOINT_EVERY:
                 self._since_checkpoint = 0
                 await anyio.lowlevel.checkpoint()
         output = item.output
