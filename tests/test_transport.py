@@ -32,3 +32,50 @@ async def test_push_pull_roundtrip_and_close_wakes_receiver() -> None:
         push.close()
     finally:
         ctx.term()
+
+
+async def test_multipart_messages_keep_their_parts_and_boundaries() -> None:
+    """Parts of one message arrive together and in order; small parts are copied and a
+    large one is sent without a copy, and both arrive intact."""
+    ctx = new_context()
+    try:
+        pull = ZmqSocket(ctx, zmq.PULL)
+        push = ZmqSocket(ctx, zmq.PUSH)
+        push.connect(pull.bind("tcp://127.0.0.1:*"))
+        big = bytes(range(256)) * 1024  # above the zero-copy threshold
+        messages = [[b"a"], [b"b1", b"b2", b"b3"], [b"", big], [memoryview(b"c1"), b"c2"]]
+        for message in messages:
+            assert push.send_nowait(message)
+        got = [[bytes(f.buffer) for f in await pull.receive()] for _ in messages]
+        assert got == [[bytes(p) for p in m] for m in messages]
+        push.close()
+        pull.close()
+    finally:
+        ctx.term()
+
+
+async def test_readable_reports_a_queued_message_and_wait_readable_returns_for_it() -> None:
+    ctx = new_context()
+    try:
+        pull = ZmqSocket(ctx, zmq.PULL)
+        push = ZmqSocket(ctx, zmq.PUSH)
+        push.connect(pull.bind("tcp://127.0.0.1:*"))
+        assert not pull.readable()
+        assert pull.receive_nowait() is None
+        push.send_nowait([b"one"])
+        with anyio.fail_after(5):
+            await pull.wait_readable()
+        assert pull.readable()
+        frames = pull.receive_nowait()
+        assert frames is not None and bytes(frames[0].buffer) == b"one"
+        assert not pull.readable()
+        pull.close()
+        with pytest.raises(anyio.ClosedResourceError):
+            pull.readable()
+        with pytest.raises(anyio.ClosedResourceError):
+            pull.receive_nowait()
+        push.close()
+        with pytest.raises(anyio.ClosedResourceError):
+            push.send_nowait([b"late"])
+    finally:
+        ctx.term()

@@ -336,18 +336,22 @@ class EngineCoreClient(UtilityCalls):
         sock = self._output
         task_status.started()
         try:
+            # ZMQ_EVENTS before each receive: cheaper than the receive that finds the socket
+            # empty (pyzmq raises zmq.Again inside), and needed before each wait anyway.
+            count = 0
             while True:
-                for _ in range(MAX_READ_BATCH):
-                    frames = sock.receive_nowait()
-                    if frames is None:
-                        break
+                if not sock.readable():
+                    await sock.wait_signalled()
+                    continue
+                frames = sock.receive_nowait()
+                if frames is not None:
                     self._dispatch(frames)
                     if self._error is not None:
                         return
-                else:
+                count += 1
+                if count == MAX_READ_BATCH:
+                    count = 0
                     await anyio.lowlevel.checkpoint()
-                    continue
-                await sock.wait_readable()
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
