@@ -324,13 +324,14 @@ _tuple_new: Final = tuple.__new__
 
 
 def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
-    """Decode every output row; plain decode steps take an inlined fast path.
+    """Decode every output row; plain rows take an inlined fast path.
 
-    A plain step is an 18- (0.32) or 19-field (0.33) array whose only non-nil fields are
-    ``request_id`` (str), ``new_token_ids`` (an array of non-negative ints) and
-    ``num_nans_in_logits`` (int): with exactly 16 nils after padding to 19 fields and
-    non-nil types at fields 0, 1 and 13, every other field is nil, so there is nothing to
-    convert and the row becomes an :class:`EngineCoreOutput` as it is. Any other row is
+    A plain row is an 18- (0.32) or 19-field (0.33) array with ``request_id`` (str),
+    ``new_token_ids`` (an array of non-negative ints) and ``num_nans_in_logits`` (int) set,
+    and otherwise at most the fields that start and end a request: ``finish_reason``,
+    ``stop_reason`` and ``prefill_stats`` (see :func:`_convert_plain_extras`). Counting the
+    nils tells which: with 16 nils after padding to 19 fields and non-nil types at fields 0,
+    1 and 13, every other field is nil and there is nothing to convert. Any other row is
     replaced in place by :func:`_decode_output`, which validates every field and names the
     bad one. All outputs are then built in one C-level pass (no Python call per row).
     """
@@ -341,20 +342,44 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
             if n == 18:
                 row.append(None)
                 n = 19
-            if n == 19 and row.count(None) == 16 and type(row[0]) is str \
-                    and type(row[13]) is int:
+            if n == 19 and type(row[0]) is str and type(row[13]) is int:
                 tokens = row[1]
                 if type(tokens) is list:
                     for t in tokens:
                         if type(t) is not int or t < 0:
                             break
                     else:
-                        index += 1
-                        continue
+                        nils = row.count(None)
+                        if nils == 16 or (nils >= 13 and _convert_plain_extras(row, 16 - nils)):
+                            index += 1
+                            continue
         rows[index] = _decode_output(row, frames, index)
         index += 1
     # A replaced row is already an EngineCoreOutput; tuple.__new__ copies it unchanged.
     return list(map(_tuple_new, repeat(EngineCoreOutput), rows))
+
+
+def _convert_plain_extras(row: list[Any], others: int) -> bool:
+    """Convert ``finish_reason`` and ``prefill_stats`` of ``row`` in place if they and
+    ``stop_reason`` are its only ``others`` non-nil fields beyond the plain three and all
+    three are valid; otherwise leave ``row`` untouched and return False, so that
+    :func:`_decode_output` decodes it (and names what is wrong)."""
+    finish, stop, prefill = row[5], row[6], row[11]
+    if (finish is not None) + (stop is not None) + (prefill is not None) != others:
+        return False
+    if finish is not None:
+        finish = _FINISH.get(finish) if type(finish) is int else None
+        if finish is None:
+            return False
+    if stop is not None and type(stop) is not int and type(stop) is not str:
+        return False
+    if prefill is not None:
+        prefill = _plain_prefill(prefill)
+        if prefill is None:
+            return False
+    row[5] = finish
+    row[11] = prefill
+    return True
 
 
 def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutput:
@@ -469,16 +494,27 @@ def _decode_events(value: object, where: str) -> list[EngineCoreEvent]:
 _PREFILL_KEYS: Final = tuple(a.name for a in attrs.fields(PrefillStats))
 
 
+def _plain_prefill(value: object) -> PrefillStats | None:
+    """``prefill_stats`` decoded, or None if it is not a map of ints (missing keys are 0)."""
+    if type(value) is not dict:
+        return None
+    args = [value.get(key, 0) for key in _PREFILL_KEYS]
+    for v in args:
+        if type(v) is not int:
+            return None
+    return PrefillStats(*args)
+
+
 def _decode_prefill(value: object, where: str) -> PrefillStats:
+    stats = _plain_prefill(value)
+    if stats is not None:
+        return stats
     if type(value) is not dict:
         raise ProtocolError(f"{where}.prefill_stats: expected a map")
-    args = []
     for key in _PREFILL_KEYS:
-        v = value.get(key, 0)
-        if type(v) is not int:
+        if type(value.get(key, 0)) is not int:
             raise ProtocolError(f"{where}.prefill_stats.{key}: expected int")
-        args.append(v)
-    return PrefillStats(*args)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _decode_error(value: object, where: str) -> RequestError:

@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from anyio_genout import InvalidRequestError
+from anyio_genout import InvalidRequestError, ProtocolError
 from anyio_genout.protocol import (
     INLINE_THRESHOLD,
     AddRequest,
@@ -57,6 +57,7 @@ from anyio_genout.protocol import (
     encode_ready_response,
     encode_status,
 )
+from anyio_genout.protocol.outputs import _decode_output
 from anyio_genout.protocol.packing import pack, unpack
 
 from ._hyp import fuzz_settings
@@ -543,3 +544,43 @@ def test_plain_and_special_rows_keep_their_order(fields: int) -> None:
     assert [type(o) for o in decoded.message.outputs] == [EngineCoreOutput] * 40
     assert [o.request_id for o in decoded.message.outputs] == [f"r{i}" for i in range(40)]
     assert all(len(o) == 19 for o in decoded.message.outputs)
+
+
+_PREFILL_WIRE = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({}, optional={k: st.one_of(st.integers(0, 2**20), st.text(max_size=2),
+                                                      st.none())
+                                         for k in ("num_prompt_tokens", "num_cached_tokens",
+                                                   "num_computed_tokens")}),
+    st.integers(-(2**63), 2**63 - 1), st.lists(st.integers(0, 9), max_size=2),
+)
+
+
+@given(
+    finish=st.one_of(st.none(), st.integers(-1, 8), st.booleans(), st.text(max_size=3)),
+    stop=st.one_of(st.none(), st.integers(0, 2**31), st.text(max_size=3), st.floats(),
+                   st.lists(st.integers(0, 9), max_size=1)),
+    prefill=_PREFILL_WIRE,
+    fields=st.sampled_from([18, 19]),
+)
+def test_rows_that_start_or_end_a_request_decode_like_any_other_row(
+        finish: Any, stop: Any, prefill: Any, fields: int) -> None:
+    """finish_reason, stop_reason and prefill_stats take a quicker path than other fields;
+    valid or not, a row decodes exactly as the full decoder (which names a bad field) says."""
+    row = ["req-1", [1, 2], None, None, None, finish, stop, None, None, None, None, prefill,
+           None, 0, None, None, None, None, None][:fields]
+    message = pack([0, [list(row)], None, 1.0, None, None, None, None, None])
+    try:
+        expected: object = _decode_output(list(row), [b""], 0)
+    except ProtocolError as exc:
+        expected = str(exc)
+    try:
+        decoded = decode_outputs([message])
+        assert isinstance(decoded, RequestBatch)
+        got: object = decoded.message.outputs[0]
+    except ProtocolError as exc:
+        got = str(exc)
+    assert got == expected
+    if isinstance(got, EngineCoreOutput):
+        assert type(got) is EngineCoreOutput and len(got) == 19
+        assert [type(v) for v in got] == [type(v) for v in expected]  # type: ignore[attr-defined]
