@@ -2,7 +2,7 @@
 
 from .client import EngineCoreClient
 from .config import DEFAULT_HANDSHAKE_ADDRESS, EngineCoreClientConfig
-from .registry import EngineCoreStreamOutput
+from .mailbox import EngineCoreStreamOutput
 from .stream import EngineCoreOutputStream, StreamState
 
 __all__ = [

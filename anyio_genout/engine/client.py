@@ -65,7 +65,8 @@ from ..protocol import (
 from ..transport import MonitorEvent, TransportError, ZmqSocket, new_context
 from .config import EngineCoreClientConfig
 from .handshake import BoundSockets, bind_sockets, run_handshake
-from .registry import EngineCoreStreamOutput, RequestRegistry, UtilityWaiter
+from .mailbox import EngineCoreStreamOutput
+from .registry import RequestRegistry, UtilityWaiter
 from .stream import EngineCoreOutputStream, _CallScope
 from .utility import UtilityCalls
 
@@ -461,10 +462,8 @@ class EngineCoreClient(UtilityCalls):
             if output.finish_reason is not None:
                 self._registry.remove(output.request_id)
                 box.closed = True
-            waiter = box.waiter
-            if waiter is not None:
-                box.waiter = None
-                waiter.set()
+            if box.waiter is not None:
+                box.wake()
         if message.finished_requests:
             for rid in message.finished_requests:
                 entry = self._registry.remove(rid)

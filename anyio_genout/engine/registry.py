@@ -7,73 +7,16 @@ every method is synchronous, so no lock is needed and nothing can be interleaved
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import anyio
 
 from ..errors import DuplicateRequestIdError, InvalidRequestError
-from ..protocol import EngineCoreOutput, SchedulerStats
+from ..protocol import SchedulerStats
+from .mailbox import OutputMailbox, mailbox_factory
 
-__all__ = ["EngineCoreStreamOutput", "EngineLoad", "OutputMailbox", "RequestEntry",
-           "RequestRegistry", "StreamItem", "UtilityWaiter"]
-
-
-class EngineCoreStreamOutput(NamedTuple):
-    """One output as a stream yields it: which engine, the engine's step time, the output."""
-
-    engine_index: int
-    timestamp: float
-    output: EngineCoreOutput
-
-
-#: What travels through a request's channel: an output, or the one error that ends it.
-StreamItem = EngineCoreStreamOutput | BaseException
-
-
-class OutputMailbox:
-    """The buffer between the engine reader and one request's consumer.
-
-    The reader puts items in without ever waiting (the buffer is unbounded, so a stalled
-    consumer costs only its own tokens); the consumer drains ``items`` and, when it is
-    empty, waits on ``waiter``, an event the next :meth:`put` or :meth:`close` sets. This
-    is a leaner stand-in for an anyio memory-object stream with an infinite buffer (one
-    deque and at most one event per wait, no exceptions on the hot path), measured as the
-    client's single largest cost per token before the change (docs/performance.md).
-    """
-
-    __slots__ = ("closed", "items", "new_event", "waiter")
-
-    def __init__(self, new_event: Callable[[], anyio.Event] = anyio.Event) -> None:
-        self.items: deque[StreamItem] = deque()
-        self.closed = False
-        self.waiter: anyio.Event | None = None
-        #: Makes the event a waiting consumer parks on.
-        self.new_event = new_event
-
-    def put(self, item: StreamItem) -> None:
-        """Append ``item`` (ignored once closed) and wake the consumer."""
-        if self.closed:
-            return
-        self.items.append(item)
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.set()
-
-    def close(self) -> None:
-        """No more items will come; a waiting consumer wakes up to see that."""
-        self.closed = True
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            waiter.set()
-
-    def discard(self) -> None:
-        """The consumer left: drop what it did not read and refuse more."""
-        self.closed = True
-        self.items.clear()
+__all__ = ["EngineLoad", "RequestEntry", "RequestRegistry", "UtilityWaiter"]
 
 
 class RequestEntry:
@@ -109,9 +52,8 @@ class RequestRegistry:
     """Live requests by id, plus per-engine load for routing."""
 
     def __init__(self, ranks: Iterable[int]) -> None:
-        # ``anyio.Event()`` looks the running backend up on every call; the backend's own
-        # event class, taken once here (in the event loop), skips that per wait.
-        self._new_event: Callable[[], anyio.Event] = type(anyio.Event())
+        # The running backend's mailbox class, looked up once (in the event loop).
+        self._new_mailbox: Callable[[], OutputMailbox] = mailbox_factory()
         self.requests: dict[str, RequestEntry] = {}
         self.engines: dict[int, EngineLoad] = {rank: EngineLoad(rank) for rank in ranks}
         # Tie order: the engines' 2-byte identities compared bytewise.
@@ -137,7 +79,7 @@ class RequestRegistry:
     def register(self, request_id: str, engine: int) -> RequestEntry:
         if request_id in self.requests:
             raise DuplicateRequestIdError(request_id)
-        entry = RequestEntry(request_id, engine, OutputMailbox(self._new_event))
+        entry = RequestEntry(request_id, engine, self._new_mailbox())
         self.requests[request_id] = entry
         self.engines[engine].in_flight += 1
         return entry

@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosed
-from .registry import EngineCoreStreamOutput, OutputMailbox
+from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
 if TYPE_CHECKING:
     from typing import Self
@@ -41,7 +41,8 @@ class EngineCoreOutputStream:
 
     Checkpoints: when an output is already buffered it is returned at once, with a full
     checkpoint (a chance for cancellation and for other tasks to run) every
-    ``32`` outputs; when none is buffered the stream waits, which is a checkpoint.
+    ``32`` outputs; when none is buffered the stream waits, which is a checkpoint. The end
+    of the stream is a cancellation point.
     """
 
     __slots__ = ("_box", "_closed", "_engine_index", "_on_close", "_request_id",
@@ -80,7 +81,9 @@ class EngineCoreOutputStream:
 
     async def __anext__(self) -> EngineCoreStreamOutput:
         if self._state is not StreamState.RUNNING:
-            await anyio.lowlevel.checkpoint()
+            # Only a cancellation point: every stream has waited for the engine at least
+            # once, so a loop over short requests cannot starve the event loop.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             raise StopAsyncIteration
         box = self._box
         items = box.items
@@ -93,12 +96,7 @@ class EngineCoreOutputStream:
         else:
             self._since_checkpoint = 0
             while not items and not box.closed:
-                waiter = box.waiter = box.new_event()
-                try:
-                    await waiter.wait()
-                finally:
-                    if box.waiter is waiter:
-                        box.waiter = None
+                await box.wait()
         item = items.popleft() if items else RequestStreamClosed(self._request_id)
         if type(item) is EngineCoreStreamOutput:
             if item.output.finish_reason is not None:
