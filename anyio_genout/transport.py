@@ -1,17 +1,18 @@
 """ZeroMQ sockets driven by AnyIO: the thin I/O shell under the protocol core.
 
-No threads and no ``zmq.asyncio``: each :class:`ZmqSocket` waits with
-:func:`anyio.wait_readable` on the socket's file descriptor, which works on asyncio (plain and
-uvloop) and trio alike. ZeroMQ's descriptor is edge-triggered and only ever signals
-"something changed": ``ZMQ_EVENTS`` is checked before every wait (:meth:`ZmqSocket.readable`),
-and a socket is drained with ``NOBLOCK`` receives until it reports no message queued.
+No threads and no ``zmq.asyncio``: each :class:`ZmqSocket` waits for the socket's file
+descriptor to be readable (:class:`~anyio_genout.readiness.FdWaiter`: registered once on
+asyncio and uvloop, :func:`anyio.wait_readable` on trio). ZeroMQ's descriptor only ever
+signals "something changed": ``ZMQ_EVENTS`` is checked before every wait
+(:meth:`ZmqSocket.readable`), and a socket is drained with ``NOBLOCK`` receives until it
+reports no message queued.
 
 Rules this module keeps:
 
 * exactly one task waits on a socket's descriptor (receivers are serialised by the caller's
   design: one reader task per socket; senders share a lock);
-* closing marks the socket closed, wakes any waiter with :func:`anyio.notify_closing`, then
-  closes (with no linger unless asked, so nothing waits on a dead peer);
+* closing marks the socket closed, wakes any waiter with :class:`anyio.ClosedResourceError`,
+  then closes (with no linger unless asked, so nothing waits on a dead peer);
 * every ``zmq.ZMQError`` becomes :class:`~anyio_genout.errors.OperationalError`-family errors
   or :class:`anyio.ClosedResourceError`, never leaks.
 """
@@ -29,6 +30,7 @@ import anyio.lowlevel
 import zmq
 
 from .errors import TransportError
+from .readiness import FdWaiter
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_SIZE",
@@ -107,6 +109,7 @@ class ZmqSocket:
             raise TransportError(f"cannot create ZeroMQ socket: {exc}") from None
         self._sock = sock
         self._fd: int = sock.getsockopt(zmq.FD)
+        self._waiter: FdWaiter | None = None  # made by the first wait, in its event loop
         self._send_lock = anyio.Lock()
         self._closed = False
 
@@ -121,6 +124,7 @@ class ZmqSocket:
             sock.close(linger=0)
             raise TransportError(f"cannot use ZeroMQ socket: {exc}") from None
         self._sock = sock
+        self._waiter = None
         self._send_lock = anyio.Lock()
         self._closed = False
         return self
@@ -203,7 +207,20 @@ class ZmqSocket:
     async def wait_signalled(self) -> None:
         """Wait until the socket's descriptor signals a change, which may or may not be a
         message: call after :meth:`readable` returned False, then check it again."""
-        await anyio.wait_readable(self._fd)
+        if self._closed:
+            raise anyio.ClosedResourceError
+        waiter = self._waiter
+        if waiter is None:
+            waiter = self._waiter = FdWaiter(self._fd, self._has_events)
+        await waiter.wait()
+
+    def _has_events(self) -> bool:
+        """Whether a waiter has something to check: a message queued, room to send, or an
+        error (True: the waiter finds out). For :class:`FdWaiter`, which must not raise."""
+        try:
+            return bool(_raw_get(self._sock, _EVENTS))
+        except zmq.ZMQError:
+            return True
 
     async def receive(self) -> list[zmq.Frame]:
         """Wait for and return the next multipart message."""
@@ -257,7 +274,7 @@ class ZmqSocket:
                     continue
                 # The FD only signals "readable" for any state change, POLLOUT included.
                 with anyio.move_on_after(0.05):
-                    await anyio.wait_readable(self._fd)
+                    await self.wait_signalled()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
     # ------------------------------------------------------------------ closing
@@ -271,7 +288,8 @@ class ZmqSocket:
         if self._closed:
             return
         self._closed = True
-        anyio.notify_closing(self._fd)
+        if self._waiter is not None:
+            self._waiter.close()  # wakes a waiting task, before the descriptor goes away
         self._sock.close(linger=int(linger * 1000))
 
     async def aclose(self) -> None:

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import anyio
 import pytest
 import zmq
 
+from anyio_genout.readiness import FdWaiter
 from anyio_genout.transport import ZmqSocket, new_context
 
 pytestmark = pytest.mark.anyio
@@ -79,3 +82,71 @@ async def test_readable_reports_a_queued_message_and_wait_readable_returns_for_i
             push.send_nowait([b"late"])
     finally:
         ctx.term()
+
+
+async def test_fd_waiter_wakes_for_readability_and_fails_waiters_on_close() -> None:
+    """The descriptor stays registered across waits (asyncio); each wait still returns once
+    it is readable (a wake-up may be spurious, never missing), and close fails a waiter."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    waiter = FdWaiter(read_fd)
+
+    async def read_one() -> bytes:
+        with anyio.fail_after(5):
+            while True:
+                try:
+                    return os.read(read_fd, 10)
+                except BlockingIOError:
+                    await waiter.wait()
+
+    try:
+        for n in range(20):
+            async with anyio.create_task_group() as tg:
+                async def write_soon(n: int = n) -> None:
+                    await anyio.wait_all_tasks_blocked()
+                    os.write(write_fd, bytes([n]))
+                tg.start_soon(write_soon)
+                assert await read_one() == bytes([n])
+        os.write(write_fd, b"x")  # already readable: returns at once
+        with anyio.fail_after(5):
+            await waiter.wait()
+        assert await read_one() == b"x"
+
+        async def second_waiter() -> None:
+            await anyio.wait_all_tasks_blocked()
+            if waiter._future is not None:  # asyncio: one parked waiter at a time
+                with pytest.raises(anyio.BusyResourceError):
+                    await waiter.wait()
+            waiter.close()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second_waiter)
+            with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError):
+                while True:
+                    await waiter.wait()
+        with pytest.raises(anyio.ClosedResourceError):
+            await waiter.wait()
+    finally:
+        waiter.close()
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+async def test_fd_waiter_ignores_a_signal_its_ready_check_rejects() -> None:
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    wanted = False
+    waiter = FdWaiter(read_fd, lambda: wanted)
+    try:
+        os.write(write_fd, b"x")
+        with anyio.move_on_after(0.2) as scope:
+            await waiter.wait()
+        # asyncio consults the check; trio's own wait does not have one.
+        assert scope.cancelled_caught == (waiter._loop is not None)
+        wanted = True
+        with anyio.fail_after(5):
+            await waiter.wait()
+    finally:
+        waiter.close()
+        os.close(read_fd)
+        os.close(write_fd)
