@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--max-num-seqs", type=int, default=256)
     model.add_argument("--step-time", type=float, default=0.0,
                        help="seconds per step (0: as fast as possible)")
+    model.add_argument("--steps-per-checkpoint", type=int, default=16,
+                       help="with --step-time 0: steps between two yields to the event loop "
+                            "(nothing else runs in this process's loop)")
     model.add_argument("--max-model-len", type=int, default=4096)
     model.add_argument("--vocab-size", type=int, default=32000)
     model.add_argument("--eos-token-id", type=int, default=None)
@@ -77,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         output_addresses=tuple(args.output_address),
         max_num_seqs=args.max_num_seqs,
         step_time=args.step_time,
+        steps_per_checkpoint=args.steps_per_checkpoint,
         max_model_len=args.max_model_len,
         vocab_size=args.vocab_size,
         eos_token_id=args.eos_token_id,

@@ -72,7 +72,9 @@ class MockEngineConfig:
 
     * ``max_num_seqs`` requests run at once; more wait in a FIFO queue.
     * ``step_time``: seconds per engine step (0 = as fast as possible, yielding to the event
-      loop between steps).
+      loop after every ``steps_per_checkpoint`` steps: 1, the default, suits an engine that
+      shares its event loop with a client; a process of its own can take more steps per
+      yield, since a yield costs an event-loop iteration, about what a step costs).
     * ``max_model_len``: prompt + output cap (finish LENGTH).
     * ``vocab_size``: generated token ids are below it; a prompt or stop token id outside
       ``[0, vocab_size)`` kills the engine (``ENGINE_CORE_DEAD``), as a real one dies.
@@ -99,6 +101,7 @@ class MockEngineConfig:
     output_addresses: tuple[str, ...] = attrs.field(default=(), converter=_addresses)
     max_num_seqs: int = attrs.field(default=256, validator=_positive)
     step_time: float = attrs.field(default=0.0, validator=_non_negative)
+    steps_per_checkpoint: int = attrs.field(default=1, validator=_positive)
     max_model_len: int = attrs.field(default=4096, validator=_positive)
     vocab_size: int = attrs.field(default=32000, validator=_positive)
     eos_token_id: int | None = attrs.field(default=None, validator=_non_negative)

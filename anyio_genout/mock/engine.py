@@ -407,7 +407,11 @@ class MockEngine:
 
     async def _loop(self) -> None:
         step_time = self.config.step_time
+        steps_per_checkpoint = self.config.steps_per_checkpoint
         next_step = anyio.current_time()
+        # With no step time the engine steps back to back, yielding every
+        # steps_per_checkpoint steps; input is still read before every step.
+        unpaced_steps = 0
         while True:
             if not self.deaf:
                 self._drain_input()
@@ -418,6 +422,18 @@ class MockEngine:
             if self.silent:
                 await anyio.sleep_forever()
             if self._has_step_work():
+                if step_time <= 0:
+                    self._step()
+                    if self._blocked:
+                        await self._send_blocked()
+                    if self._check_faults():
+                        return
+                    self._resolve_pauses()
+                    unpaced_steps += 1
+                    if unpaced_steps >= steps_per_checkpoint:
+                        unpaced_steps = 0
+                        await anyio.lowlevel.checkpoint()
+                    continue
                 now = anyio.current_time()
                 if now >= next_step:
                     self._step()
@@ -426,9 +442,6 @@ class MockEngine:
                     if self._check_faults():
                         return
                     self._resolve_pauses()
-                    if step_time <= 0:
-                        await anyio.lowlevel.checkpoint()
-                        continue
                     next_step = now + step_time
                 timeout = next_step - anyio.current_time()
             else:
@@ -436,6 +449,7 @@ class MockEngine:
                 if self._blocked:
                     await self._send_blocked()
                 timeout = math.inf
+            unpaced_steps = 0
             await self._wait_input(timeout)
 
     async def _wait_input(self, seconds: float) -> None:
@@ -487,11 +501,10 @@ class MockEngine:
     def _drain_input(self) -> None:
         inp = self._input
         assert inp is not None
-        while not self.deaf and not self.dead:
+        while not self.deaf and not self.dead and inp.readable():
             frames = inp.receive_nowait()
-            if frames is None:
-                return
-            self._handle([f.bytes for f in frames])
+            if frames is not None:
+                self._handle([f.bytes for f in frames])
 
     def _handle(self, frames: list[bytes]) -> None:
         kind = bytes(frames[0]) if frames else b""

@@ -19,6 +19,7 @@ from anyio_genout.protocol import (
 )
 
 from .frontend import running_engine, unpack
+from .test_control import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -307,3 +308,19 @@ async def test_many_requests_one_message_per_step() -> None:
         i = int(rid[1:])
         assert [t for o in outs for t in o.new_token_ids] == greedy_tokens([i % 100 + 1, 7], 5)
     assert np.mean([len(outs) for outs in got.values()]) == 5
+
+
+@pytest.mark.parametrize("steps_per_checkpoint", [1, 16])
+async def test_back_to_back_steps_still_read_input_before_every_step(
+        steps_per_checkpoint: int) -> None:
+    """With no step time and several steps per yield, an abort sent while a request runs
+    ends it at the next step, and the outputs are those of any other pacing."""
+    async with running_engine(log_stats=False, steps_per_checkpoint=steps_per_checkpoint,
+                              max_model_len=100_000) as (engine, front):
+        await front.add("long", PROMPT, greedy(50_000))
+        await front.add("short", [3, 4], greedy(40))
+        got = await front.collect("short")
+        assert [t for o in got["short"] for t in o.new_token_ids] == greedy_tokens([3, 4], 40)
+        await front.abort("long")
+        await wait_until(lambda: "long" not in engine.running_ids)
+        assert engine.steps < 50_000
