@@ -44,16 +44,22 @@ class EngineCoreStreamOutput(NamedTuple):
     output: EngineCoreOutput
 
 
-#: What travels through a request's mailbox: an output, or the one error that ends it.
-StreamItem = EngineCoreStreamOutput | BaseException
+#: What a request's mailbox holds, in order: each output as two entries, the engine batch
+#: timestamp (a float) then the output, and at the end possibly the one error that ends it.
+StreamItem = float | EngineCoreOutput | BaseException
 
 
 class OutputMailbox:
     """Items for one consumer, and the consumer's parking place (one subclass per backend).
 
+    An output goes in as two entries of ``items``, its batch timestamp and itself, rather
+    than as one (timestamp, output) object: the reader buffers outputs faster than their
+    consumers read them when it falls behind, and every object kept alive meanwhile is one
+    more for the garbage collector to scan (docs/performance.md).
+
     ``waiter`` is not None exactly while the consumer is parked; whoever adds an item or
-    closes the mailbox then calls :meth:`wake`. The reader inlines :meth:`put` as
-    ``items.append(item)`` followed by that check.
+    closes the mailbox then calls :meth:`wake`. The reader inlines :meth:`put_output` as
+    two appends followed by that check.
     """
 
     __slots__ = ("closed", "items", "waiter")
@@ -63,11 +69,21 @@ class OutputMailbox:
         self.closed = False
         self.waiter: Any = None
 
-    def put(self, item: StreamItem) -> None:
-        """Append ``item`` (ignored once closed) and wake the consumer."""
+    def put_output(self, timestamp: float, output: EngineCoreOutput) -> None:
+        """Append an output and its batch timestamp (ignored once closed); wake the
+        consumer."""
         if self.closed:
             return
-        self.items.append(item)
+        self.items.append(timestamp)
+        self.items.append(output)
+        if self.waiter is not None:
+            self.wake()
+
+    def put_error(self, error: BaseException) -> None:
+        """Append the error that ends the stream (ignored once closed); wake the consumer."""
+        if self.closed:
+            return
+        self.items.append(error)
         if self.waiter is not None:
             self.wake()
 

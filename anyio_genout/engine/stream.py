@@ -11,6 +11,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosed
+from ..protocol import EngineCoreOutput
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ __all__ = ["EngineCoreOutputStream", "StreamState"]
 # Read this many buffered outputs without a checkpoint before yielding to the event loop
 # anyway (so a consumer that keeps up cannot starve other tasks or delay cancellation long).
 CHECKPOINT_EVERY: Final = 32
+
+_tuple_new: Final = tuple.__new__  # EngineCoreStreamOutput(...) without its Python __new__
 
 
 class StreamState(enum.Enum):
@@ -46,7 +49,7 @@ class EngineCoreOutputStream:
     """
 
     __slots__ = ("_box", "_closed", "_engine_index", "_on_close", "_request_id",
-                 "_since_checkpoint", "_state")
+                 "_since_checkpoint", "_state", "timestamp")
 
     def __init__(self, request_id: str, engine_index: int, box: OutputMailbox,
                  on_close: Callable[[EngineCoreOutputStream, bool], None]) -> None:
@@ -57,6 +60,8 @@ class EngineCoreOutputStream:
         self._state = StreamState.RUNNING
         self._since_checkpoint = 0
         self._closed = False
+        #: The engine batch timestamp of the output read last (0.0 before the first).
+        self.timestamp = 0.0
 
     @property
     def request_id(self) -> str:
@@ -97,28 +102,41 @@ class EngineCoreOutputStream:
             self._since_checkpoint = 0
             while not items and not box.closed:
                 await box.wait()
-        item = items.popleft() if items else RequestStreamClosed(self._request_id)
-        if type(item) is EngineCoreStreamOutput:
-            if item.output.finish_reason is not None:
-                self._state = StreamState.FINISHED
-            return item
-        return self._fail(item)
+        if not items:
+            self._fail(RequestStreamClosed(self._request_id))
+        output = self._take()
+        return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
 
     def receive_nowait(self) -> EngineCoreStreamOutput | None:
         """The next buffered output, or None if none is buffered (raises like ``__anext__``)."""
+        output = self.receive_output_nowait()
+        if output is None:
+            return None
+        return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
+
+    def receive_output_nowait(self) -> EngineCoreOutput | None:
+        """Like :meth:`receive_nowait`, but the output alone: its engine batch timestamp is
+        then :attr:`timestamp` (the generate layer reads outputs this way, saving an object
+        per output)."""
         if self._state is not StreamState.RUNNING:
             return None
+        if self._box.items:
+            return self._take()
+        if self._box.closed:
+            self._fail(RequestStreamClosed(self._request_id))
+        return None
+
+    def _take(self) -> EngineCoreOutput:
+        """The next item of a non-empty mailbox: an output (its timestamp goes to
+        :attr:`timestamp`), or the error that ends the stream, raised."""
         items = self._box.items
-        if items:
-            item = items.popleft()
-        elif self._box.closed:
-            item = RequestStreamClosed(self._request_id)
-        else:
-            return None
-        if type(item) is EngineCoreStreamOutput:
-            if item.output.finish_reason is not None:
+        item = items.popleft()
+        if type(item) is float:
+            self.timestamp = item
+            output: EngineCoreOutput = items.popleft()  # type: ignore[assignment]
+            if output.finish_reason is not None:
                 self._state = StreamState.FINISHED
-            return item
+            return output
         return self._fail(item)
 
     def _fail(self, item: object) -> NoReturn:

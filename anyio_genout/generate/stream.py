@@ -166,22 +166,21 @@ class GenerateStream:
             raise StopAsyncIteration
         # Take a buffered output without a coroutine round trip; checkpoint every few outputs
         # (waiting for the next output, when none is buffered, is a checkpoint too).
-        item = raw.receive_nowait()
-        if item is None:
+        output = raw.receive_output_nowait()
+        if output is None:
             self._since_checkpoint = 0
-            item = await raw.__anext__()
+            output = (await raw.__anext__()).output
         else:
             self._since_checkpoint += 1
             if self._since_checkpoint >= CHECKPOINT_EVERY:
                 self._since_checkpoint = 0
                 await anyio.lowlevel.checkpoint()
-        output = item.output
         tracker = self._tracker
         assert tracker is not None
         # The wall clock matters only for time to first token and end-to-end latency.
         received_at = (time.time() if tracker.is_prefilling or output.finish_reason is not None
                        else 0.0)
-        tracker.observe_output(item.timestamp, received_at, output)
+        tracker.observe_output(raw.timestamp, received_at, output)
         prompt_info = None
         if self._prompt_pending:
             self._prompt_pending = False

@@ -565,9 +565,9 @@ class RequestTracker:
 
     __slots__ = (
         "_arrival_time", "_finished", "_first_token_latency", "_first_token_ts",
-        "_is_prefilling", "_last_token_ts", "_latest_num_cached_tokens", "_max_tokens",
+        "_last_token_ts", "_latest_num_cached_tokens", "_max_tokens",
         "_num_generation_tokens", "_num_preemptions", "_prompt_len", "_queued_ts",
-        "_scheduled_ts", "_series",
+        "_scheduled_ts", "_series", "is_prefilling",
     )
 
     def __init__(
@@ -581,7 +581,9 @@ class RequestTracker:
         self._arrival_time = arrival_time
         self._prompt_len = prompt_len
         self._max_tokens = max_tokens
-        self._is_prefilling = True
+        #: True until the first output carrying tokens (read-only; an attribute, not a
+        #: property, because the generate stream reads it once per output).
+        self.is_prefilling = True
         self._finished = False
         self._num_generation_tokens = 0
         self._num_preemptions = 0
@@ -610,11 +612,6 @@ class RequestTracker:
     @property
     def max_tokens(self) -> int | None:
         return self._max_tokens
-
-    @property
-    def is_prefilling(self) -> bool:
-        """True until the first output carrying tokens."""
-        return self._is_prefilling
 
     @property
     def finished(self) -> bool:
@@ -698,7 +695,7 @@ class RequestTracker:
                     series.itl_last = itl
                     series.itl_last_bucket = i
                 series.itl_sum += itl
-            elif self._is_prefilling:
+            elif self.is_prefilling:
                 self._observe_first_token(batch_timestamp, received_at, prefill)
             self._last_token_ts = batch_timestamp
 
@@ -723,7 +720,7 @@ class RequestTracker:
         self._first_token_latency = latency
         series.time_to_first_token.observe(latency)
         self._first_token_ts = batch_timestamp
-        self._is_prefilling = False
+        self.is_prefilling = False
 
     def record_finished(self, received_at: float, reason: str | EngineCoreFinishReason) -> None:
         """Record the request's end: ``vllm:request_success`` and the per-request histograms.

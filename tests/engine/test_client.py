@@ -78,6 +78,31 @@ async def test_streams_outputs_and_stamps_client_index() -> None:
         await engine.expect_nothing(0.1)  # a finished request is not aborted
 
 
+async def test_buffered_outputs_read_without_waiting_keep_their_own_timestamps() -> None:
+    """receive_output_nowait gives each output with the timestamp of the message that
+    carried it (in ``stream.timestamp``), however many are buffered, and nothing once ended."""
+    async with Cluster() as (client, (engine,)), client.call(req("req-1")) as stream:
+        await engine.receive_add()
+        assert stream.receive_output_nowait() is None
+        for step in range(3):
+            await engine.send([out("req-1", [step])], timestamp=10.0 + step)
+        await wait_until(lambda: len(stream._box.items) == 6)
+        got = []
+        while (output := stream.receive_output_nowait()) is not None:
+            got.append((output.new_token_ids, stream.timestamp))
+        assert got == [([0], 10.0), ([1], 11.0), ([2], 12.0)]
+        await engine.send([out("req-1", [3])], timestamp=13.0)
+        item = await stream.__anext__()
+        assert (item.output.new_token_ids, item.timestamp, stream.timestamp) == ([3], 13.0,
+                                                                                 13.0)
+        await engine.send([out("req-1", [4], LENGTH)], timestamp=14.0)
+        await wait_until(lambda: stream.terminated or len(stream._box.items) == 2)
+        final = stream.receive_nowait()
+        assert final is not None and final.output.finish_reason is LENGTH
+        assert final.timestamp == 14.0 and stream.terminated
+        assert stream.receive_output_nowait() is None  # ended: nothing more, no error
+
+
 async def test_duplicate_request_id_is_refused_without_sending() -> None:
     async with Cluster() as (client, (engine,)), client.call(req("req-1")) as stream:
         await engine.receive_add()

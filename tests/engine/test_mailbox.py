@@ -8,37 +8,42 @@ import anyio.lowlevel
 import pytest
 from anyio.abc import TaskStatus
 
-from anyio_genout.engine.mailbox import EngineCoreStreamOutput, OutputMailbox, mailbox_factory
+from anyio_genout.engine.mailbox import OutputMailbox, mailbox_factory
 from anyio_genout.protocol import EngineCoreOutput
 
 pytestmark = pytest.mark.anyio
 
 
-def _item(n: int) -> EngineCoreStreamOutput:
-    return EngineCoreStreamOutput(0, float(n), EngineCoreOutput(f"r{n}", [n]))
+def _put(box: OutputMailbox, n: int) -> None:
+    box.put_output(float(n), EngineCoreOutput(f"r{n}", [n]))
 
 
-async def _drain(box: OutputMailbox, got: list[object], count: int) -> None:
+async def _drain(box: OutputMailbox, got: list[float], count: int) -> None:
+    """Read ``count`` outputs (or until closed), recording their timestamps."""
     while len(got) < count:
         while not box.items and not box.closed:
             await box.wait()
         if not box.items:
             return
-        got.append(box.items.popleft())
+        timestamp = box.items.popleft()
+        output = box.items.popleft()
+        assert isinstance(timestamp, float) and isinstance(output, EngineCoreOutput)
+        assert output.request_id == f"r{int(timestamp)}"
+        got.append(timestamp)
 
 
 async def test_a_parked_consumer_wakes_for_each_put_and_for_close() -> None:
     box = mailbox_factory()()
-    got: list[object] = []
+    got: list[float] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(_drain, box, got, 10)
         for n in range(3):
             await anyio.wait_all_tasks_blocked()
             assert box.waiter is not None  # parked
-            box.put(_item(n))
+            _put(box, n)
         await anyio.wait_all_tasks_blocked()
         box.close()
-    assert [item.timestamp for item in got] == [0.0, 1.0, 2.0]  # type: ignore[attr-defined]
+    assert got == [0.0, 1.0, 2.0]
     assert box.waiter is None
 
 
@@ -61,32 +66,34 @@ async def test_cancelling_a_parked_consumer_then_putting_at_once_neither_wakes_n
         await anyio.wait_all_tasks_blocked()
         assert box.waiter is not None
         scope.cancel()
-        box.put(_item(1))  # same step: the consumer has not run since the cancel
+        _put(box, 1)  # same step: the consumer has not run since the cancel
+        box.put_error(RuntimeError("and an error after it"))
         box.close()
         with anyio.fail_after(5):
             await cancelled.wait()
     assert box.waiter is None
-    assert len(box.items) == 1
+    assert len(box.items) == 3  # the output (two entries) and the error: nothing lost
 
 
 async def test_a_woken_consumer_can_park_again_and_a_put_before_parking_is_seen() -> None:
     box = mailbox_factory()()
-    box.put(_item(0))  # before anyone waits: no wake-up needed, the item is there
-    got: list[object] = []
+    _put(box, 0)  # before anyone waits: no wake-up needed, the item is there
+    got: list[float] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(_drain, box, got, 50)
         for n in range(1, 50):
-            box.put(_item(n))
+            _put(box, n)
             if n % 7 == 0:
                 await anyio.wait_all_tasks_blocked()
             else:
                 await anyio.lowlevel.checkpoint()
-    assert [item.timestamp for item in got] == [float(n) for n in range(50)]  # type: ignore[attr-defined]
+    assert got == [float(n) for n in range(50)]
 
 
 async def test_discard_drops_items_and_refuses_more() -> None:
     box = mailbox_factory()()
-    box.put(_item(0))
+    _put(box, 0)
     box.discard()
-    box.put(_item(1))
+    _put(box, 1)
+    box.put_error(RuntimeError("late"))
     assert not box.items and box.closed
