@@ -81,6 +81,8 @@ CLOSE_LINGER: Final = 0.5
 #: consumers draining what it buffered; a longer pass wakes them less often but keeps more
 #: outputs alive at once, which costs more in garbage-collector passes (16 measured best).
 MAX_READ_BATCH: Final = 16
+#: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
+_BURST: Final = 2
 #: Unexpected input-socket messages logged one by one; later ones are only counted.
 MAX_INPUT_JUNK_LOGGED: Final = 10
 
@@ -338,18 +340,23 @@ class EngineCoreClient(UtilityCalls):
         sock = self._output
         task_status.started()
         try:
-            # ZMQ_EVENTS before each receive: cheaper than the receive that finds the socket
-            # empty (pyzmq raises zmq.Again inside), and needed before each wait anyway.
+            # Is a message queued? Outside a burst, ask ZMQ_EVENTS (1.2 us) before receiving:
+            # a receive that finds nothing costs more (pyzmq raises zmq.Again inside, 2.7 us).
+            # In a burst (two messages in a row) just receive, until one finds nothing.
             count = 0
+            streak = 0
             while True:
-                if not sock.readable():
+                if streak < _BURST and not sock.readable():
                     await sock.wait_signalled()
                     continue
                 frames = sock.receive_nowait()
-                if frames is not None:
-                    self._dispatch(frames)
-                    if self._error is not None:
-                        return
+                if frames is None:
+                    streak = 0
+                    continue
+                streak += 1
+                self._dispatch(frames)
+                if self._error is not None:
+                    return
                 count += 1
                 if count == MAX_READ_BATCH:
                     count = 0
@@ -432,7 +439,8 @@ class EngineCoreClient(UtilityCalls):
 
     def _dispatch(self, frames: list[Any]) -> None:
         try:
-            message = decode_outputs([f.buffer for f in frames])
+            # zmq.Frame has the buffer protocol: the decoder reads the frames in place.
+            message = decode_outputs(frames)
         except ProtocolError as exc:
             self.fail(exc)
             return

@@ -284,30 +284,36 @@ def _decode_message(value: object, frames: AuxFrames) -> EngineCoreOutputs:
     where = "EngineCoreOutputs"
     if type(value) is not list:
         raise ProtocolError(f"{where}: expected an array, got {type(value).__name__}")
-    if len(value) < 9:
-        value = value + [0, [], None, 0.0, None, None, None, None, None][len(value):]
-    engine_index, rows, stats, ts, util, finished, wave_complete, start_wave, wv = value[:9]
+    if len(value) != 9:
+        if len(value) < 9:
+            value = value + [0, [], None, 0.0, None, None, None, None, None][len(value):]
+        else:
+            value = value[:9]
+    engine_index, rows, stats, ts, util, finished, wave_complete, start_wave, wv = value
     if type(engine_index) is not int:
         raise ProtocolError(f"{where}.engine_index: expected int")
     if type(rows) is not list:
         raise ProtocolError(f"{where}.outputs: expected an array")
-    if type(ts) is not float and type(ts) is not int:
-        raise ProtocolError(f"{where}.timestamp: expected a number")
+    if type(ts) is not float:
+        if type(ts) is not int:
+            raise ProtocolError(f"{where}.timestamp: expected a number")
+        ts = float(ts)
     decoded = _decode_rows(rows, frames)
     if finished is not None:
         if type(finished) is not list or not all(type(r) is str for r in finished):
             raise ProtocolError(f"{where}.finished_requests: expected an array of str")
         finished = frozenset(finished)
-    for name, v in (("wave_complete", wave_complete), ("start_wave", start_wave)):
-        if v is not None and type(v) is not int:
-            raise ProtocolError(f"{where}.{name}: expected int or nil")
+    if wave_complete is not None and type(wave_complete) is not int:
+        raise ProtocolError(f"{where}.wave_complete: expected int or nil")
+    if start_wave is not None and type(start_wave) is not int:
+        raise ProtocolError(f"{where}.start_wave: expected int or nil")
     if wv is not None and type(wv) is not str:
         raise ProtocolError(f"{where}.weight_version: expected str or nil")
     return EngineCoreOutputs(
         engine_index,
         decoded,
         None if stats is None else _decode_scheduler_stats(stats),
-        float(ts),
+        ts,
         None if util is None else _decode_utility(util),
         finished,
         wave_complete,
