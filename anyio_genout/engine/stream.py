@@ -120,8 +120,17 @@ class EngineCoreOutputStream:
         per output)."""
         if self._state is not StreamState.RUNNING:
             return None
-        if self._box.items:
-            return self._take()
+        items = self._box.items
+        if items:
+            # _take, inlined for the common case (this runs once per token).
+            item = items.popleft()
+            if type(item) is float:
+                self.timestamp = item
+                output: EngineCoreOutput = items.popleft()  # type: ignore[assignment]
+                if output.finish_reason is not None:
+                    self._state = StreamState.FINISHED
+                return output
+            self._fail(item)
         if self._box.closed:
             self._fail(RequestStreamClosed(self._request_id))
         return None

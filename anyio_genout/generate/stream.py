@@ -177,26 +177,24 @@ class GenerateStream:
                 await anyio.lowlevel.checkpoint()
         tracker = self._tracker
         assert tracker is not None
+        # One unpacking instead of a field lookup per use (this runs once per token).
+        (rid, tokens, logprobs, prompt_logprobs, _pooling, finish_reason, stop_reason, _events,
+         kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask, spec_metrics,
+         prompt_token_id_logprobs, _error) = output
         # The wall clock matters only for time to first token and end-to-end latency.
-        received_at = (time.time() if tracker.is_prefilling or output.finish_reason is not None
+        received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
                        else 0.0)
         tracker.observe_output(raw.timestamp, received_at, output)
         prompt_info = None
         if self._prompt_pending:
             self._prompt_pending = False
             prompt_info = GeneratePromptInfo(
-                self._engine_request.prompt_token_ids,
-                output.new_prompt_logprobs,
-                output.prompt_token_id_logprobs,
-            )
-        tokens = output.new_token_ids
-        mask = output.new_sampling_mask
+                self._engine_request.prompt_token_ids, prompt_logprobs, prompt_token_id_logprobs)
         if mask is not None and len(mask) != len(tokens):
             raise SamplingMaskMismatchError(
-                f"request {output.request_id}: sampling mask has {len(mask)} rows for "
+                f"request {rid}: sampling mask has {len(mask)} rows for "
                 f"{len(tokens)} new tokens")
         finish = None
-        logprobs = output.new_logprobs
         matched = self._matcher.feed(tokens) if self._matcher is not None else None
         if matched is not None:
             keep, sequence = matched
@@ -211,20 +209,19 @@ class GenerateStream:
                     mask = SamplingMask(mask.token_ids[:int(mask.offsets[keep])],
                                         mask.offsets[:keep + 1])
             finish = FinishReason.stop(sequence)
-        elif output.finish_reason is not None:
-            finish = FinishReason.from_engine(output.finish_reason, output.stop_reason)
-        prefill = output.prefill_stats
+        elif finish_reason is not None:
+            finish = FinishReason.from_engine(finish_reason, stop_reason)
         result = GenerateOutput(
-            output.request_id,
+            rid,
             tokens,
             prompt_info,
             logprobs,
             finish,
             prefill.num_cached_tokens if prefill is not None else 0,
-            output.kv_transfer_params,
-            output.ec_transfer_params,
+            kv_params,
+            ec_params,
             mask,
-            output.spec_decode_metrics,
+            spec_metrics,
         )
         if finish is not None:
             tracker.record_finished(received_at, finish.as_str())
