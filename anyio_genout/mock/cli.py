@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds per step (0: as fast as possible)")
     model.add_argument("--steps-per-checkpoint", type=int, default=16,
                        help="with --step-time 0: steps between two yields to the event loop "
-                            "(nothing else runs in this process's loop)")
+                            "and input reads (nothing else runs in this process's loop)")
     model.add_argument("--max-model-len", type=int, default=4096)
     model.add_argument("--vocab-size", type=int, default=32000)
     model.add_argument("--eos-token-id", type=int, default=None)

@@ -72,9 +72,10 @@ class MockEngineConfig:
 
     * ``max_num_seqs`` requests run at once; more wait in a FIFO queue.
     * ``step_time``: seconds per engine step (0 = as fast as possible, yielding to the event
-      loop after every ``steps_per_checkpoint`` steps: 1, the default, suits an engine that
-      shares its event loop with a client; a process of its own can take more steps per
-      yield, since a yield costs an event-loop iteration, about what a step costs).
+      loop and reading input after every ``steps_per_checkpoint`` steps: 1, the default,
+      suits an engine that shares its event loop with a client; a process of its own can
+      take more steps per yield, since a yield and an input check cost about what a step
+      costs; new requests and aborts then wait up to that many steps).
     * ``max_model_len``: prompt + output cap (finish LENGTH).
     * ``vocab_size``: generated token ids are below it; a prompt or stop token id outside
       ``[0, vocab_size)`` kills the engine (``ENGINE_CORE_DEAD``), as a real one dies.
