@@ -56,7 +56,7 @@ from ..protocol import (
     RequestBatch,
     SchedulerStats,
     UtilityReply,
-    decode_outputs,
+    decode_batch_or_other,
     encode_abort,
     encode_add,
     encode_utility,
@@ -440,12 +440,16 @@ class EngineCoreClient(UtilityCalls):
     def _dispatch(self, frames: list[Any]) -> None:
         try:
             # zmq.Frame has the buffer protocol: the decoder reads the frames in place.
-            message = decode_outputs(frames)
+            message = decode_batch_or_other(frames)
         except ProtocolError as exc:
             self.fail(exc)
             return
-        if type(message) is RequestBatch:
-            self._dispatch_batch(message)
+        if type(message) is tuple:
+            self._dispatch_batch(*message)
+        elif type(message) is RequestBatch:  # outputs that carry wave fields as well
+            m = message.message
+            self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
+                                 m.finished_requests)
         elif type(message) is UtilityReply:
             self._dispatch_utility(message)
         elif type(message) is EngineDead:
@@ -456,12 +460,11 @@ class EngineCoreClient(UtilityCalls):
                 "EngineCoreOutputs: data-parallel wave control arrived on the main output "
                 "socket (this client runs no DP coordinator)"))
 
-    def _dispatch_batch(self, batch: RequestBatch) -> None:
-        message = batch.message
+    def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],
+                        stats: SchedulerStats | None, timestamp: float,
+                        finished: frozenset[str] | None) -> None:
         requests = self._registry.requests
-        engine = message.engine_index
-        timestamp = message.timestamp
-        for output in message.outputs:
+        for output in outputs:
             entry = requests.get(output.request_id)
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
@@ -475,12 +478,11 @@ class EngineCoreClient(UtilityCalls):
                 box.closed = True
             if box.waiter is not None:
                 box.wake()
-        if message.finished_requests:
-            for rid in message.finished_requests:
+        if finished:
+            for rid in finished:
                 entry = self._registry.remove(rid)
                 if entry is not None:  # finished without a final output
                     entry.box.close()
-        stats = message.scheduler_stats
         if stats is not None:
             self._registry.update_stats(engine, stats)
             for listener in self._stats_listeners:

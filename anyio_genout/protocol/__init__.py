@@ -29,6 +29,7 @@ from .handshake import (
 from .logprobs import LogprobEntry, LogprobPosition, Logprobs, SamplingMask
 from .outputs import (
     ENGINE_CORE_DEAD,
+    BatchFields,
     Classified,
     DpControl,
     EngineCoreEvent,
@@ -43,6 +44,7 @@ from .outputs import (
     SchedulerStats,
     UtilityOutput,
     UtilityReply,
+    decode_batch_or_other,
     decode_outputs,
     encode_outputs,
 )
@@ -61,14 +63,16 @@ from .requests import (
 from .sampling import SamplingParams
 
 __all__ = [
-    "ENGINE_CORE_DEAD", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS", "AbortRequest", "AddRequest",
-    "Classified", "DpControl", "EngineCoreEvent", "EngineCoreEventType", "EngineCoreFinishReason",
-    "EngineCoreOutput", "EngineCoreOutputs", "EngineCoreReadyResponse", "EngineCoreRequest",
-    "EngineDead", "EngineStatus", "HandshakeAddresses", "LoRARequest", "LogprobEntry",
-    "LogprobPosition", "Logprobs", "PrefillStats", "RequestBatch", "RequestError", "RequestType",
+    "ENGINE_CORE_DEAD", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS", "AbortRequest",
+    "AddRequest", "BatchFields", "Classified", "DpControl", "EngineCoreEvent",
+    "EngineCoreEventType", "EngineCoreFinishReason", "EngineCoreOutput",
+    "EngineCoreOutputs", "EngineCoreReadyResponse", "EngineCoreRequest", "EngineDead",
+    "EngineStatus", "HandshakeAddresses", "LoRARequest", "LogprobEntry", "LogprobPosition",
+    "Logprobs", "PrefillStats", "RequestBatch", "RequestError", "RequestType",
     "SamplingMask", "SamplingParams", "SchedulerStats", "StatusMessage", "UtilityOutput",
     "UtilityReply", "UtilityRequest", "check_version", "decode_array", "decode_init",
-    "decode_outputs", "decode_ready_response", "decode_request", "decode_status", "encode_abort",
-    "encode_add", "encode_array", "encode_init", "encode_outputs", "encode_ready_response",
-    "encode_status", "encode_utility", "engine_identity", "identity_rank",
+    "decode_batch_or_other", "decode_outputs", "decode_ready_response", "decode_request",
+    "decode_status", "encode_abort", "encode_add", "encode_array", "encode_init",
+    "encode_outputs", "encode_ready_response", "encode_status", "encode_utility",
+    "engine_identity", "identity_rank",
 ]

@@ -33,6 +33,7 @@ from anyio_genout.protocol import (
     SamplingMask,
     SamplingParams,
     decode_array,
+    decode_batch_or_other,
     decode_init,
     decode_outputs,
     decode_ready_response,
@@ -57,10 +58,26 @@ def _pack(value: Any) -> bytes:
 
 
 def _outputs(frames: list[bytes]) -> None:
+    """Both output decoders accept or refuse ``frames`` alike, and agree on the result."""
     try:
-        decode_outputs(frames)
-    except ProtocolError:
-        pass
+        classified: object = decode_outputs(frames)
+    except ProtocolError as exc:
+        classified = str(exc)
+    try:
+        fast: object = decode_batch_or_other(frames)
+    except ProtocolError as exc:
+        fast = str(exc)
+    if type(fast) is tuple:
+        assert isinstance(classified, RequestBatch)
+        m = classified.message
+        assert m.utility_output is None and m.wave_complete is None and m.start_wave is None
+        # repr: NaN (which hostile input may carry) is equal to nothing, not even itself.
+        assert repr(fast) == repr((m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
+                                   m.finished_requests))
+    elif isinstance(fast, str):
+        assert fast == classified
+    else:
+        assert type(fast) is type(classified)
 
 
 def _request(frames: list[bytes]) -> None:
