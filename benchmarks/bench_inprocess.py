@@ -17,8 +17,9 @@ three threads (two ZeroMQ I/O threads and the engine) that share the machine's c
 Workloads (the best of ``--rounds`` rounds is reported):
 
 * ``churn``: 4,000 requests of 1..4 tokens, 64 at a time (the bench's churn cell);
-* ``steps``: 256 streams of 128 tokens, one message per step and a yield after each, so
-  every consumer wakes for every token (what a real engine's millisecond steps give);
+* ``steps``: 256 streams (``--streams``) of 128 tokens (``--tokens``), one message per step
+  and a yield after each, so every consumer wakes for every token (what a real engine's
+  millisecond steps give);
 * ``batched``: the same with 32 steps per yield, so outputs pile up as they do in the
   bench's 256-stream cell, where the mock engine outruns the client.
 
@@ -167,7 +168,7 @@ async def main(args: argparse.Namespace) -> float:
                     if args.workload == "churn":
                         units = await churn(client, 4000, 64, f"r{r}")
                     else:
-                        units = await streams(client, 256, 128, f"r{r}")
+                        units = await streams(client, args.streams, args.tokens, f"r{r}")
                     spent = time.thread_time() - started - fake.own_time
                     best = min(best, spent / units * 1e6)
                 fake.stopped = True
@@ -180,6 +181,8 @@ def cli() -> int:
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--workload", choices=("churn", "steps", "batched"), default="churn")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--streams", type=int, default=256, help="steps, batched: streams")
+    parser.add_argument("--tokens", type=int, default=128, help="steps, batched: per stream")
     parser.add_argument("--no-gc", action="store_true")
     args = parser.parse_args()
     best = anyio.run(main, args, backend=args.backend)

@@ -10,8 +10,9 @@ out-of-vocabulary token, a deaf input thread after a malformed message). Tokens 
 
 It runs as one task (no threads): drain all queued input, run one step, yield to the event
 loop, repeat (as its own process, with no step time, it takes ``steps_per_checkpoint``
-steps per yield and input read). Plain decode rows (no logprobs, events or finish) are packed straight into
-msgpack bytes from per-request prefixes, so the mock is never the bottleneck of a client.
+steps per yield and input read). Plain decode rows (no logprobs, events or finish) are
+packed straight into msgpack bytes from per-request prefixes, so the mock is never the
+bottleneck of a client.
 
 The class is built in layers, one module each, every layer using only those below it:
 

@@ -398,6 +398,8 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
         rows[index] = _decode_output(row, frames, index)
         index += 1
     # A replaced row is already an EngineCoreOutput; tuple.__new__ copies it unchanged.
+    if index == 1:  # one request in the step: skip the map's set-up
+        return [_tuple_new(EngineCoreOutput, rows[0])]
     return list(map(_tuple_new, repeat(EngineCoreOutput), rows))
 
 
