@@ -20,8 +20,8 @@ Workloads (the best of ``--rounds`` rounds is reported):
 * ``steps``: 256 streams (``--streams``) of 128 tokens (``--tokens``), one message per step
   and a yield after each, so every consumer wakes for every token (what a real engine's
   millisecond steps give);
-* ``batched``: the same with 32 steps per yield, so outputs pile up as they do in the
-  bench's 256-stream cell, where the mock engine outruns the client.
+* ``batched``: the same with 32 steps per yield (``--steps-per-yield``), so outputs pile up
+  as they do in the bench's 256-stream cell, where the mock engine outruns the client.
 
 ``--no-gc`` disables the garbage collector after warm-up (the bench keeps it on), which
 shows what the collector costs.
@@ -154,7 +154,7 @@ async def main(args: argparse.Namespace) -> float:
         config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
                                                             ready_timeout=60.0))
         async with Client.connect(config) as client:
-            fake = FakeEngine(client, 32 if args.workload == "batched" else 1)
+            fake = FakeEngine(client, args.steps_per_yield if args.workload == "batched" else 1)
             best = float("inf")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(fake.run)
@@ -183,6 +183,8 @@ def cli() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--streams", type=int, default=256, help="steps, batched: streams")
     parser.add_argument("--tokens", type=int, default=128, help="steps, batched: per stream")
+    parser.add_argument("--steps-per-yield", type=int, default=32, help="batched: steps "
+                        "the fake engine runs (messages the reader dispatches) per yield")
     parser.add_argument("--no-gc", action="store_true")
     args = parser.parse_args()
     best = anyio.run(main, args, backend=args.backend)
