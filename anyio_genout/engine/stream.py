@@ -102,9 +102,9 @@ class EngineCoreOutputStream:
             self._since_checkpoint = 0
             while not items and not box.closed:
                 await box.wait()
-        if not items:
+        output = self.receive_output_nowait()
+        if output is None:  # closed meanwhile (by close() from another task)
             self._fail(RequestStreamClosed(self._request_id))
-        output = self._take()
         return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
 
     def receive_nowait(self) -> EngineCoreStreamOutput | None:
@@ -121,8 +121,7 @@ class EngineCoreOutputStream:
         if self._state is not StreamState.RUNNING:
             return None
         items = self._box.items
-        if items:
-            # _take, inlined for the common case (this runs once per token).
+        if items:  # an output is two entries: its batch timestamp, then the output
             item = items.popleft()
             if type(item) is float:
                 self.timestamp = item
@@ -134,19 +133,6 @@ class EngineCoreOutputStream:
         if self._box.closed:
             self._fail(RequestStreamClosed(self._request_id))
         return None
-
-    def _take(self) -> EngineCoreOutput:
-        """The next item of a non-empty mailbox: an output (its timestamp goes to
-        :attr:`timestamp`), or the error that ends the stream, raised."""
-        items = self._box.items
-        item = items.popleft()
-        if type(item) is float:
-            self.timestamp = item
-            output: EngineCoreOutput = items.popleft()  # type: ignore[assignment]
-            if output.finish_reason is not None:
-                self._state = StreamState.FINISHED
-            return output
-        return self._fail(item)
 
     def _fail(self, item: object) -> NoReturn:
         assert isinstance(item, BaseException)

@@ -265,12 +265,12 @@ Classified = RequestBatch | UtilityReply | DpControl | EngineDead
 
 #: A request batch as :func:`decode_batch_or_other` returns it: ``(engine_index, outputs,
 #: scheduler_stats, timestamp, finished_requests)``.
-BatchFields = tuple[int, list[EngineCoreOutput], "SchedulerStats | None", float,
-                    "frozenset[str] | None"]
+BatchFields = tuple[int, list[EngineCoreOutput], SchedulerStats | None, float,
+                    frozenset[str] | None]
 
-_Fields = tuple[int, list[EngineCoreOutput], "SchedulerStats | None", float,
-                "UtilityOutput | None", "frozenset[str] | None", "int | None", "int | None",
-                "str | None"]
+#: Every ``EngineCoreOutputs`` field, decoded, in order.
+_Fields = tuple[int, list[EngineCoreOutput], SchedulerStats | None, float,
+                UtilityOutput | None, frozenset[str] | None, int | None, int | None, str | None]
 
 
 def decode_outputs(frames: AuxFrames) -> Classified:
