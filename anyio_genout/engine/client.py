@@ -65,6 +65,7 @@ from ..protocol import (
 from ..transport import MonitorEvent, TransportError, ZmqSocket, new_context
 from .config import EngineCoreClientConfig
 from .handshake import BoundSockets, bind_sockets, run_handshake
+from .outbox import Outbox
 from .registry import RequestRegistry, UtilityWaiter
 from .stream import EngineCoreOutputStream, _CallScope
 from .utility import UtilityCalls
@@ -107,6 +108,7 @@ class EngineCoreClient(UtilityCalls):
         self._config = config
         self._sockets = sockets
         self._input: ZmqSocket = sockets.input
+        self._outbox = Outbox(sockets.input)  # what _sender sends there, in order
         self._output: ZmqSocket = sockets.output
         self._ready = dict(sorted(ready.items()))
         self._ranks = list(self._ready)
@@ -293,17 +295,19 @@ class EngineCoreClient(UtilityCalls):
             self._aborts_sent += len(chunk)
 
     def _send_input(self, engine: int, frames: list[bytes]) -> None:
+        """Queue a message for ``engine``'s input (sent by :meth:`_sender`, in order)."""
         try:
-            sent = self._input.send_nowait([self._identities[engine], *frames])
+            self._outbox.put([self._identities[engine], *frames])
         except anyio.ClosedResourceError:
             raise ClientClosedError("engine-core client is closed") from None
+
+    async def _sender(self) -> None:
+        try:
+            await self._outbox.run()
+        except anyio.ClosedResourceError:
+            return
         except TransportError as exc:
             self.fail(exc)
-            raise
-        if not sent:  # pragma: no cover - ROUTER with SNDHWM=0 never reports EAGAIN
-            error = TransportError("input socket would block")
-            self.fail(error)
-            raise error
 
     async def _abort_worker(self) -> None:
         receive = self._abort_receive
@@ -626,6 +630,7 @@ class _Connection:
             await tg.__aenter__()
             try:
                 await tg.start(client._reader)
+                tg.start_soon(client._sender)
                 tg.start_soon(client._abort_worker)
                 tg.start_soon(client._drain_input)
                 if sockets.output_monitor is not None:
@@ -652,6 +657,10 @@ class _Connection:
         assert client is not None and tg is not None
         # Requests whose scopes were left just now (e.g. on Ctrl-C) still get their ABORT.
         client._flush_aborts(list(client._pending_aborts.items()))
+        try:
+            client._outbox.flush()
+        except (anyio.ClosedResourceError, TransportError) as exc:
+            logger.warning("could not send the last queued messages: %s", exc)
         client.fail(ClientClosedError("engine-core client is closed"))
         client._abort_send.close()
         client._sockets.close(input_linger=CLOSE_LINGER)

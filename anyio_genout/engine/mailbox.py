@@ -6,29 +6,19 @@ parks in :meth:`OutputMailbox.wait` until the next :meth:`~OutputMailbox.put` or
 :meth:`~OutputMailbox.close`. This is a leaner stand-in for an anyio memory-object stream
 with an infinite buffer (docs/performance.md has the measurements).
 
-A mailbox has at most one waiter, woken from the event loop's own thread, so it parks on
-the cheapest primitive each backend has rather than on an ``anyio.Event`` (which costs, per
-wait, an anyio event, the backend's event, its waiter list and two more coroutine frames):
-
-* asyncio (and uvloop): a bare future, which is what ``asyncio.Event.wait`` awaits;
-  cancelling the task (as anyio's cancel scopes do) cancels the future;
-* trio: ``trio.lowlevel.wait_task_rescheduled``, which is what ``trio.Event.wait`` ends in;
-  a cancellation calls the abort function, which forgets the task.
-
-Either way cancellation behaves exactly as it does for an event, and tests run every
-behaviour of the streams on both backends.
+A mailbox has at most one waiter, woken from the event loop's own thread, so it parks the
+way :mod:`.parking` does: on the cheapest primitive each backend has rather than on an
+``anyio.Event``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import sniffio
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..protocol import EngineCoreOutput
+from .parking import Parking, _AsyncioParking, _trio_parking, running_library
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,7 +39,7 @@ class EngineCoreStreamOutput(NamedTuple):
 StreamItem = float | EngineCoreOutput | BaseException
 
 
-class OutputMailbox:
+class OutputMailbox(Parking):
     """Items for one consumer, and the consumer's parking place (one subclass per backend).
 
     An output goes in as two entries of ``items``, its batch timestamp and itself, rather
@@ -62,12 +52,12 @@ class OutputMailbox:
     two appends followed by that check.
     """
 
-    __slots__ = ("closed", "items", "waiter")
+    __slots__ = ("closed", "items")
 
     def __init__(self) -> None:
+        super().__init__()
         self.items: deque[StreamItem] = deque()
         self.closed = False
-        self.waiter: Any = None
 
     def put_output(self, timestamp: float, output: EngineCoreOutput) -> None:
         """Append an output and its batch timestamp (ignored once closed); wake the
@@ -98,62 +88,19 @@ class OutputMailbox:
         self.closed = True
         self.items.clear()
 
-    async def wait(self) -> None:
-        """Park until :meth:`wake` (callers re-check ``items`` and ``closed`` after)."""
-        raise NotImplementedError
 
-    def wake(self) -> None:
-        """Unpark the consumer; only called while ``waiter`` is not None."""
-        raise NotImplementedError
-
-
-class _AsyncioMailbox(OutputMailbox):
+class _AsyncioMailbox(OutputMailbox, _AsyncioParking):
     __slots__ = ()
-
-    async def wait(self) -> None:
-        future = self.waiter = asyncio.get_running_loop().create_future()
-        try:
-            await future
-        finally:
-            if self.waiter is future:
-                self.waiter = None
-
-    def wake(self) -> None:
-        future = self.waiter
-        self.waiter = None
-        if not future.done():  # cancelled, and the consumer has not run since
-            future.set_result(None)
 
 
 @functools.cache
 def _trio_mailbox() -> type[OutputMailbox]:
-    """Made on first use: trio is imported only when it is the running library."""
-    from trio.lowlevel import Abort, current_task, reschedule, wait_task_rescheduled
-
-    class _TrioMailbox(OutputMailbox):
+    class _TrioMailbox(OutputMailbox, _trio_parking()):  # type: ignore[misc]
         __slots__ = ()
-
-        async def wait(self) -> None:
-            self.waiter = current_task()
-            await wait_task_rescheduled(self._abort)
-
-        def _abort(self, raise_cancel: object) -> Abort:
-            self.waiter = None
-            return Abort.SUCCEEDED
-
-        def wake(self) -> None:
-            task = self.waiter
-            self.waiter = None
-            reschedule(task)
 
     return _TrioMailbox
 
 
 def mailbox_factory() -> Callable[[], OutputMailbox]:
     """The mailbox class for the running async library (call it in the event loop)."""
-    library = sniffio.current_async_library()
-    if library == "asyncio":
-        return _AsyncioMailbox
-    if library == "trio":
-        return _trio_mailbox()
-    raise RuntimeError(f"unsupported async library {library!r}")  # pragma: no cover
+    return _AsyncioMailbox if running_library() == "asyncio" else _trio_mailbox()
