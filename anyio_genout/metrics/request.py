@@ -8,7 +8,9 @@ timing state and records:
 * per output (hot path): ``vllm:generation_tokens``, ``vllm:num_preemptions``, prompt-token
   counters and TTFT on the first token-bearing output, ITL on later ones;
 * once, at the end (:meth:`RequestTracker.record_finished`): ``vllm:request_success`` and the
-  per-request histograms.
+  per-request histograms, whose values are queued and folded in with numpy a batch at a
+  time (when 1,024 are queued, and before every scrape): 0.9 us a request instead of 2.2 for
+  observing thirteen values one by one.
 
 Recording touches plain Python numbers only: a counter is an ``int`` attribute of the
 engine's series, a gauge a ``float``, a histogram a :class:`_Histogram` (per-bucket counts
@@ -23,7 +25,9 @@ Threads: recording happens on the event loop's thread; a scrape may run on anoth
 (``prometheus_client.start_http_server``). The collector copies what it reads (the engine
 dict, the bucket counts) before iterating, so a concurrent scrape never fails; it may see an
 update half applied (a histogram's ``_sum`` one observation ahead of its buckets), which the
-next scrape corrects. Values live in this process only (no prometheus multiprocess mode).
+next scrape corrects. Folding the queued finished requests takes a lock (the loop skips its
+own fold while a scrape folds), and each queued request is taken exactly once. Values live
+in this process only (no prometheus multiprocess mode).
 
 Clocks (never mixed): ``arrival_time`` and ``received_at`` are the front end's ``time.time()``
 (only TTFT and end-to-end latency use them); the batch timestamps and event timestamps are the
@@ -37,11 +41,14 @@ add the step's prefix-cache increments. The same per-engine numbers feed the per
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Final
+from typing import Any, Final
 
 import attrs
+import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -142,6 +149,17 @@ class _Histogram:
             self.counts[i] += 1
         self.sum += value
 
+    def observe_many(self, values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+        """:meth:`observe` each of ``values`` in order: the same counts, and the same sum to
+        the last bit (a running sum, as one observation after another would make)."""
+        bins = np.bincount(
+            np.searchsorted(np.asarray(self.bounds), values[~np.isnan(values)], side="left"),
+            minlength=len(self.counts))
+        counts = self.counts
+        for i in np.flatnonzero(bins).tolist():
+            counts[i] += int(bins[i])
+        self.sum = float(np.cumsum(np.concatenate(([self.sum], values)))[-1])
+
 
 # The histograms in exposition order: (attribute of _EngineSeries, name, documentation, bounds);
 # bounds of ``_TOKENS`` are ``build_1_2_5_buckets(max_model_len)``.
@@ -181,6 +199,21 @@ _HISTOGRAMS: Final[tuple[tuple[str, str, str, tuple[float, ...] | None], ...]] =
 )
 
 
+#: The histograms :meth:`RequestTracker.record_finished` fills, in the order of the values it
+#: queues per request (:meth:`_EngineSeries.fold` folds them in, a batch at a time).
+_FINISH_COLUMNS: Final = (
+    "e2e_request_latency", "queue_time", "prefill_time", "decode_time", "inference_time",
+    "time_per_output_token", "request_prompt_tokens", "request_generation_tokens",
+    "request_max_num_generation_tokens", "request_params_max_tokens", "request_params_n",
+    "request_prefill_kv_computed_tokens", "request_num_preemptions",
+)
+#: Column of ``vllm:request_params_max_tokens``, where NaN means "not observed" (a request
+#: without max_tokens); its values are otherwise whole numbers, never NaN.
+_MAX_TOKENS_COLUMN: Final = _FINISH_COLUMNS.index("request_params_max_tokens")
+#: Finished requests queued per engine before the loop folds them in itself.
+_FOLD_AT: Final = 1024
+
+
 class _EngineSeries:
     """One engine's recorded values: counters (ints), gauges (floats), histograms.
 
@@ -189,10 +222,12 @@ class _EngineSeries:
     """
 
     __slots__ = (
+        "_fold_lock",
         "_success_order",
         "decode_time",
         "e2e_request_latency",
         "engine_index",
+        "finished",
         "gauge_kv_cache_usage",
         "gauge_running",
         "gauge_waiting",
@@ -280,6 +315,36 @@ class _EngineSeries:
         self.request_params_n = _Histogram(REQUEST_PARAMS_N_BUCKETS)
         self.request_num_preemptions = _Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS)
         self.request_prefill_kv_computed_tokens = _Histogram(token_bounds)
+        #: Finished requests' values for the histograms of ``_FINISH_COLUMNS``, not yet
+        #: folded in. Appending is all a finish costs the event loop; folding a batch with
+        #: numpy costs a fraction of observing each value (docs/performance.md).
+        self.finished: deque[tuple[float, ...]] = deque()
+        self._fold_lock = threading.Lock()
+
+    def fold(self, *, wait: bool = True) -> None:
+        """Fold the queued finished requests into their histograms.
+
+        Called by the collector before reading the histograms (from any thread) and by the
+        event loop every ``_FOLD_AT`` requests; ``wait=False`` skips the fold if another
+        thread is folding. Each queued row is taken exactly once, so appends made meanwhile
+        are never lost.
+        """
+        if not self._fold_lock.acquire(blocking=wait):
+            return
+        try:
+            queue = self.finished
+            rows = [queue.popleft() for _ in range(len(queue))]
+            if not rows:
+                return
+            table = np.array(rows, dtype=np.float64)
+            for column, name in enumerate(_FINISH_COLUMNS):
+                values = table[:, column]
+                if column == _MAX_TOKENS_COLUMN:
+                    values = values[~np.isnan(values)]
+                histogram: _Histogram = getattr(self, name)
+                histogram.observe_many(values)
+        finally:
+            self._fold_lock.release()
 
     def count_success(self, reason: str) -> None:
         """+1 on ``vllm:request_success`` for ``reason`` (unknown reasons get a new series)."""
@@ -395,6 +460,8 @@ class _Exposition:
                     lambda e: e.prefix_cache_hits),
         ]
 
+        for e in engines:
+            e.fold()
         for attr, name, doc, _ in _HISTOGRAMS:
             les = self._les[attr]
             histograms = HistogramMetricFamily(name, doc, labels=_LABELS)
@@ -741,18 +808,22 @@ class RequestTracker:
         n_gen = self._num_generation_tokens
         decode = _dz(last, first)
         series.count_success(reason)
-        series.e2e_request_latency.observe(received_at - self._arrival_time)
-        series.queue_time.observe(_dz(scheduled, queued))
-        series.prefill_time.observe(_dz(first, scheduled))
-        series.decode_time.observe(decode)
-        series.inference_time.observe(_dz(last, scheduled))
-        series.time_per_output_token.observe(decode / (n_gen - 1) if n_gen > 1 else 0.0)
-        series.request_prompt_tokens.observe(self._prompt_len)
-        series.request_generation_tokens.observe(n_gen)
-        series.request_max_num_generation_tokens.observe(n_gen)
-        if self._max_tokens is not None:
-            series.request_params_max_tokens.observe(self._max_tokens)
-        series.request_params_n.observe(1)
-        series.request_prefill_kv_computed_tokens.observe(
-            max(0, self._prompt_len - self._latest_num_cached_tokens))
-        series.request_num_preemptions.observe(self._num_preemptions)
+        # The values of _FINISH_COLUMNS, in order; folded into the histograms in batches.
+        finished = series.finished
+        finished.append((
+            received_at - self._arrival_time,
+            _dz(scheduled, queued),
+            _dz(first, scheduled),
+            decode,
+            _dz(last, scheduled),
+            decode / (n_gen - 1) if n_gen > 1 else 0.0,
+            self._prompt_len,
+            n_gen,
+            n_gen,
+            math.nan if self._max_tokens is None else self._max_tokens,
+            1,
+            max(0, self._prompt_len - self._latest_num_cached_tokens),
+            self._num_preemptions,
+        ))
+        if len(finished) >= _FOLD_AT:
+            series.fold(wait=False)
