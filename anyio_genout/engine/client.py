@@ -300,6 +300,9 @@ class EngineCoreClient(UtilityCalls):
             self._outbox.put([self._identities[engine], *frames])
         except anyio.ClosedResourceError:
             raise ClientClosedError("engine-core client is closed") from None
+        except TransportError as exc:  # a full queue was being sent, and a send failed
+            self.fail(exc)
+            raise
 
     async def _sender(self) -> None:
         try:

@@ -7,7 +7,7 @@ import anyio
 import pytest
 import zmq
 
-from anyio_genout.engine.outbox import Outbox
+from anyio_genout.engine.outbox import FLUSH_AT, Outbox
 from anyio_genout.transport import ZmqSocket, new_context
 
 pytestmark = pytest.mark.anyio
@@ -63,6 +63,27 @@ async def test_flush_sends_what_is_queued_and_a_closed_socket_refuses_more() -> 
         push.close()
         with pytest.raises(anyio.ClosedResourceError):
             outbox.put([b"late"])
+        pull.close()
+    finally:
+        ctx.term()
+
+
+async def test_a_long_burst_is_sent_as_it_is_made() -> None:
+    """Every FLUSH_AT queued messages go out at once, without waiting for the sender task,
+    so the engine can start on a burst's first requests while the rest are being made."""
+    ctx = new_context()
+    try:
+        pull = ZmqSocket(ctx, zmq.PULL)
+        push = ZmqSocket(ctx, zmq.PUSH)
+        push.connect(pull.bind("tcp://127.0.0.1:*"))
+        outbox = Outbox(push)  # no sender task
+        for i in range(FLUSH_AT + 3):
+            outbox.put([b"m%d" % i])
+        with anyio.fail_after(5):
+            got = [bytes((await pull.receive())[0].buffer) for _ in range(FLUSH_AT)]
+        assert got == [b"m%d" % i for i in range(FLUSH_AT)]
+        assert len(outbox) == 3  # the rest waits for the sender (or a flush)
+        push.close()
         pull.close()
     finally:
         ctx.term()
