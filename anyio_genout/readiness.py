@@ -22,12 +22,33 @@ only ever spurious, never missing, and callers re-check anyway.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 
 import anyio
-import sniffio
 
-__all__ = ["FdWaiter"]
+__all__ = ["FdWaiter", "running_library"]
+
+
+def running_library() -> str:
+    """``"asyncio"`` or ``"trio"``: the async library running this task (anyio's two
+    backends; asked directly, since anyio 4 names it only through private API and sniffio
+    is not a dependency)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return "trio"
+    raise RuntimeError("no asyncio or trio event loop is running in this thread")
 
 
 class FdWaiter:
@@ -47,7 +68,7 @@ class FdWaiter:
         self._closed = False
         self._future: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        if sniffio.current_async_library() == "asyncio":
+        if running_library() == "asyncio":
             loop = asyncio.get_running_loop()
             try:
                 loop.add_reader(fd, self._on_readable)

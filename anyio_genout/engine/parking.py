@@ -20,7 +20,7 @@ import asyncio
 import functools
 from typing import Any
 
-import sniffio
+from ..readiness import running_library
 
 __all__ = ["Parking", "parking_factory", "running_library"]
 
@@ -86,14 +86,6 @@ def _trio_parking() -> type[Parking]:
             reschedule(task)
 
     return _TrioParking
-
-
-def running_library() -> str:
-    """``"asyncio"`` or ``"trio"``: the async library running this task."""
-    library = sniffio.current_async_library()
-    if library not in ("asyncio", "trio"):  # pragma: no cover - anyio has no other backend
-        raise RuntimeError(f"unsupported async library {library!r}")
-    return library
 
 
 def parking_factory() -> type[Parking]:

@@ -10,6 +10,7 @@ from anyio.abc import TaskStatus
 
 from anyio_genout.engine.mailbox import OutputMailbox, mailbox_factory
 from anyio_genout.protocol import EngineCoreOutput
+from anyio_genout.readiness import running_library
 
 pytestmark = pytest.mark.anyio
 
@@ -97,3 +98,10 @@ async def test_discard_drops_items_and_refuses_more() -> None:
     _put(box, 1)
     box.put_error(RuntimeError("late"))
     assert not box.items and box.closed
+
+
+async def test_the_running_library_is_the_backend_in_use(
+        anyio_backend: tuple[str, dict[str, object]]) -> None:
+    """How mailboxes and descriptor waits pick their primitive (no sniffio needed)."""
+    assert running_library() == anyio_backend[0]
+    assert type(mailbox_factory()()).__name__.lower().startswith(f"_{anyio_backend[0]}")
