@@ -49,6 +49,7 @@ from anyio_genout import (
     SamplingParams,
 )
 from anyio_genout.bench.measure import EngineProcess, free_port, freeze_gc
+from anyio_genout.bench.ours import run_streams
 from anyio_genout.bench.spec import CellSpec
 from anyio_genout.protocol import (
     EngineCoreFinishReason,
@@ -129,24 +130,6 @@ async def churn(client: Client, total: int, concurrency: int, tag: str) -> int:
     return total
 
 
-async def streams(client: Client, count: int, tokens: int, tag: str) -> int:
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
-    delivered = 0
-
-    async def one(i: int) -> None:
-        nonlocal delivered
-        request = GenerateRequest(request_id=f"{tag}-{i}", prompt_token_ids=PROMPT,
-                                  sampling_params=params)
-        async with client.generate(request) as stream:
-            async for out in stream:
-                delivered += len(out.token_ids)
-
-    async with anyio.create_task_group() as tg:
-        for i in range(count):
-            tg.start_soon(one, i)
-    return delivered
-
-
 async def main(args: argparse.Namespace) -> float:
     address = f"tcp://127.0.0.1:{free_port()}"
     spec = CellSpec(impl="ours", backend=args.backend, workload="churn")
@@ -168,7 +151,8 @@ async def main(args: argparse.Namespace) -> float:
                     if args.workload == "churn":
                         units = await churn(client, 4000, 64, f"r{r}")
                     else:
-                        units = await streams(client, args.streams, args.tokens, f"r{r}")
+                        units = await run_streams(client, args.streams, args.tokens, PROMPT,
+                                                  f"r{r}")
                     spent = time.thread_time() - started - fake.own_time
                     best = min(best, spent / units * 1e6)
                 fake.stopped = True
