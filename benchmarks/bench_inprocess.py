@@ -45,11 +45,9 @@ from anyio_genout import (
     Client,
     ClientConfig,
     EngineCoreClientConfig,
-    GenerateRequest,
-    SamplingParams,
 )
 from anyio_genout.bench.measure import EngineProcess, free_port, freeze_gc
-from anyio_genout.bench.ours import run_streams
+from anyio_genout.bench.ours import churn_params, run_churn, run_streams
 from anyio_genout.bench.spec import CellSpec
 from anyio_genout.protocol import (
     EngineCoreFinishReason,
@@ -109,27 +107,6 @@ class FakeEngine:
                 await anyio.lowlevel.checkpoint()
 
 
-async def churn(client: Client, total: int, concurrency: int, tag: str) -> int:
-    params = [SamplingParams(max_tokens=t, ignore_eos=True, temperature=0.0) for t in (1, 2, 3, 4)]
-    next_index = 0
-
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < total:
-            k = next_index
-            next_index += 1
-            request = GenerateRequest(request_id=f"{tag}-{k}", prompt_token_ids=PROMPT,
-                                      sampling_params=params[k % 4])
-            async with client.generate(request) as stream:
-                async for _ in stream:
-                    pass
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(worker)
-    return total
-
-
 async def main(args: argparse.Namespace) -> float:
     address = f"tcp://127.0.0.1:{free_port()}"
     spec = CellSpec(impl="ours", backend=args.backend, workload="churn")
@@ -138,10 +115,11 @@ async def main(args: argparse.Namespace) -> float:
                                                             ready_timeout=60.0))
         async with Client.connect(config) as client:
             fake = FakeEngine(client, args.steps_per_yield if args.workload == "batched" else 1)
+            params = churn_params()
             best = float("inf")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(fake.run)
-                await churn(client, 500, 64, "warm")
+                await run_churn(client, 500, 64, PROMPT, params, "warm")
                 freeze_gc()
                 if args.no_gc:
                     gc.disable()
@@ -149,7 +127,8 @@ async def main(args: argparse.Namespace) -> float:
                     fake.own_time = 0.0
                     started = time.thread_time()
                     if args.workload == "churn":
-                        units = await churn(client, 4000, 64, f"r{r}")
+                        await run_churn(client, 4000, 64, PROMPT, params, f"r{r}")
+                        units = 4000
                     else:
                         units = await run_streams(client, args.streams, args.tokens, PROMPT,
                                                   f"r{r}")

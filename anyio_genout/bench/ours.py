@@ -24,7 +24,7 @@ from .. import (
 from .measure import EngineProcess, Meter, free_port, freeze_gc, rss_bytes
 from .spec import CellSpec, Result, percentile, summarise
 
-__all__ = ["prompt", "run"]
+__all__ = ["churn_params", "prompt", "run", "run_churn", "run_streams"]
 
 
 def prompt(length: int, seed: int = 0) -> tuple[int, ...]:
@@ -227,34 +227,47 @@ def latency_figures(first: list[float], per_output: list[float], *, complete: bo
     }
 
 
+def churn_params() -> list[SamplingParams]:
+    """The churn workload's sampling parameters: request ``k`` asks for ``1 + k % 4`` tokens."""
+    return [SamplingParams(max_tokens=t, ignore_eos=True, temperature=0.0)
+            for t in (1, 2, 3, 4)]
+
+
+async def run_churn(client: Client, total: int, concurrency: int, ids: tuple[int, ...],
+                    params: list[SamplingParams], tag: str) -> int:
+    """``total`` short requests, ``concurrency`` worker tasks each running one after another
+    (request ``k`` with ``params[k % 4]``); returns the tokens delivered."""
+    next_index = 0
+    delivered = 0
+
+    async def worker() -> None:
+        nonlocal next_index, delivered
+        while next_index < total:
+            k = next_index
+            next_index += 1
+            request = GenerateRequest(request_id=f"{tag}-{k}", prompt_token_ids=ids,
+                                      sampling_params=params[k % 4])
+            async with client.generate(request) as stream:
+                async for out in stream:
+                    delivered += len(out.token_ids)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    return delivered
+
+
 async def _churn(client: Client, spec: CellSpec, meter: Meter) -> Result:
     """``requests`` short requests (1..4 tokens) per round, ``concurrency`` at a time."""
     ids = prompt(spec.prompt_len)
-    params = [SamplingParams(max_tokens=t, ignore_eos=True, temperature=0.0)
-              for t in (1, 2, 3, 4)]
+    params = churn_params()
     total = spec.requests or 2000
     expected = sum(1 + k % 4 for k in range(total))
     complete = True
     rounds = 0
     while meter.more():
-        next_index = 0
-        delivered = 0
-
-        async def worker(tag: str) -> None:
-            nonlocal next_index, delivered
-            while next_index < total:
-                k = next_index
-                next_index += 1
-                request = GenerateRequest(request_id=f"{tag}-{k}", prompt_token_ids=ids,
-                                          sampling_params=params[k % 4])
-                async with client.generate(request) as stream:
-                    async for out in stream:
-                        delivered += len(out.token_ids)
-
         started = meter.start()
-        async with anyio.create_task_group() as tg:
-            for _ in range(spec.concurrency):
-                tg.start_soon(worker, f"c{rounds}")
+        delivered = await run_churn(client, total, spec.concurrency, ids, params, f"c{rounds}")
         meter.stop(started, tokens=delivered, requests=total)
         complete = complete and delivered == expected
         rounds += 1

@@ -224,20 +224,9 @@ class MockEngine(Stepper):
             if self.silent:
                 await anyio.sleep_forever()
             if self._has_step_work():
-                if step_time <= 0:
-                    self._step()
-                    if self._blocked:
-                        await self._send_blocked()
-                    if self._check_faults():
-                        return
-                    self._resolve_pauses()
-                    unpaced_steps += 1
-                    if unpaced_steps >= steps_per_checkpoint:
-                        unpaced_steps = 0
-                        await anyio.lowlevel.checkpoint()
-                    continue
-                now = anyio.current_time()
-                if now >= next_step:
+                paced = step_time > 0
+                now = anyio.current_time() if paced else 0.0
+                if not paced or now >= next_step:
                     self._step()
                     if self._blocked:
                         await self._send_blocked()
@@ -245,6 +234,12 @@ class MockEngine(Stepper):
                         return
                     self._resolve_pauses()
                     next_step = now + step_time
+                if not paced:
+                    unpaced_steps += 1
+                    if unpaced_steps >= steps_per_checkpoint:
+                        unpaced_steps = 0
+                        await anyio.lowlevel.checkpoint()
+                    continue
                 timeout = next_step - anyio.current_time()
             else:
                 self._idle_duties()
