@@ -9,18 +9,45 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
+import attrs
 
 from ..engine import EngineCoreClientConfig
-from ..errors import EngineDeadError
+from ..errors import EngineDeadError, UsageError
 from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
 from ..transport import free_tcp_port
 
 __all__ = ["ClientSession", "Interrupt", "free_tcp_port", "interruptible"]
+
+#: The embedded mock engine's vocabulary size (its config's default).
+_MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default)
+
+
+def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | None,
+                   eos: int | None) -> ClientConfig:
+    """The client's configuration from the options; raises :class:`UsageError` if invalid.
+
+    Built before anything is bound or printed, so a bad option is a one-line error up front.
+    """
+    managed_or_remote = args.vllm_model or args.handshake_address
+    try:
+        return ClientConfig(
+            engine=EngineCoreClientConfig(
+                handshake_address=handshake,
+                engine_count=args.engine_count if managed_or_remote else args.mock_engines,
+                advertised_host=args.advertised_host,
+                ready_timeout=args.ready_timeout,
+                liveness_interval=args.liveness_interval,
+                liveness_timeout=args.liveness_timeout,
+                vocab_size=vocab_size,
+            ),
+            model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"invalid engine options: {exc}") from None
 
 
 class Interrupt:
@@ -113,12 +140,20 @@ class ClientSession:
         if handshake is None:
             handshake = f"tcp://{args.advertised_host}:{free_tcp_port(args.advertised_host)}"
         vocab_size, eos = args.vocab_size, args.eos_token_id
-        engines: Any = None
         if args.vllm_model:
-            from ..vllm import read_model_eos_token_id, read_model_vocab_size, spawn_vllm_engines
+            from ..vllm import read_model_eos_token_id, read_model_vocab_size
 
             vocab_size = vocab_size or read_model_vocab_size(args.vllm_model)
             eos = eos if eos is not None else read_model_eos_token_id(args.vllm_model)
+        elif args.handshake_address is None:
+            # The embedded mock's vocabulary: the client refuses what would kill it.
+            vocab_size = vocab_size or _MOCK_VOCAB_SIZE
+        # The whole configuration is checked before anything is bound, started or printed.
+        config = _client_config(args, handshake, vocab_size, eos)
+        engines: Any = None
+        if args.vllm_model:
+            from ..vllm import spawn_vllm_engines
+
             command = shlex.split(args.vllm_command) if args.vllm_command else None
             engines = await self._stack.enter_async_context(spawn_vllm_engines(
                 args.vllm_model, handshake_address=handshake, engine_count=args.engine_count,
@@ -132,25 +167,19 @@ class ClientSession:
                 f"{host.removeprefix('tcp://').strip('[]')} --data-parallel-rpc-port {port} "
                 f"--data-parallel-size {args.engine_count} --skip-tokenizer-init")
         else:
+            try:
+                mocks = [MockEngineConfig(
+                    rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
+                    vocab_size=vocab_size, eos_token_id=eos, keep_history=False, linger=0.0)
+                    for rank in range(args.mock_engines)]
+            except ValueError as exc:
+                raise UsageError(f"invalid mock engine options: {exc}") from None
             tg = await self._stack.enter_async_context(anyio.create_task_group())
             self._stack.callback(tg.cancel_scope.cancel)
-            for rank in range(args.mock_engines):
-                engine = MockEngine(MockEngineConfig(
-                    rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
-                    vocab_size=vocab_size or 32000, eos_token_id=eos, keep_history=False,
-                    linger=0.0))
+            for mock in mocks:
+                engine = MockEngine(mock)
                 self.mock_engines.append(engine)
                 tg.start_soon(engine.serve)
-        config = ClientConfig(
-            engine=EngineCoreClientConfig(
-                handshake_address=handshake,
-                engine_count=args.mock_engines if not (args.vllm_model or args.handshake_address)
-                else args.engine_count,
-                advertised_host=args.advertised_host,
-                ready_timeout=args.ready_timeout,
-                vocab_size=vocab_size,
-            ),
-            model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
         if engines is None:
             return await self._stack.enter_async_context(Client.connect(config))
         return await self._connect_managed(config, engines)

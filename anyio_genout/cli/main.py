@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import sys
 import traceback
@@ -11,7 +12,7 @@ from typing import Any, NoReturn, cast
 
 import anyio
 
-from ..errors import GenoutError
+from ..errors import GenoutError, UsageError
 from . import generate_cmd, run_cmd
 
 __all__ = ["main"]
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="anyio-genout",
         description="A structured-concurrency client for vLLM engine cores.")
+    parser.add_argument("--version", action="version", version=f"anyio-genout {_version()}",
+                        help="print the version and exit")
     subparsers = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
                       parser.add_subparsers(title="commands", required=True, metavar="COMMAND"))
     generate_cmd.add_parser(subparsers)
@@ -45,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark client throughput and cost (see `anyio-genout bench --help`)")
     bench.set_defaults(command=None, passthrough="bench")
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("anyio-genout")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a bare source tree
+        return "unknown (not installed)"
 
 
 def _run_backend(fn: Callable[[argparse.Namespace], Awaitable[int]],
@@ -102,13 +112,14 @@ def _flatten(group: BaseExceptionGroup[Any]) -> list[BaseException]:
 
 
 def _report(args: argparse.Namespace, exc: BaseException) -> int:
+    """One line on stderr; exit 2 for the caller's mistakes (nothing was run), else 1."""
     if args.debug:
         traceback.print_exception(exc)
     # Name the error class (the error reference is indexed by it), except the plain base
-    # class the commands raise for their own one-line messages.
-    name = "" if type(exc) is GenoutError else f"{type(exc).__name__}: "
+    # classes the commands raise for their own one-line messages.
+    name = "" if type(exc) in (GenoutError, UsageError) else f"{type(exc).__name__}: "
     print(f"anyio-genout: error: {name}{exc}", file=sys.stderr)
-    return 1
+    return 2 if isinstance(exc, UsageError) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+import attrs
+
+from ..engine import EngineCoreClientConfig
 from ..errors import InvalidRequestError
 from ..protocol import SamplingParams
 
-__all__ = ["add_engine_options", "add_sampling_options", "parse_token_ids",
-           "sampling_from_args", "sampling_from_mapping"]
+__all__ = ["ADDRESS_EXAMPLE", "add_engine_options", "add_sampling_options", "check_address",
+           "check_max_tokens", "non_negative_float",
+           "parse_token_ids", "positive_float", "positive_int", "sampling_from_args",
+           "sampling_from_mapping", "seconds_or_off"]
 
 
 def parse_token_ids(text: str) -> list[int]:
@@ -25,56 +31,170 @@ def parse_token_ids(text: str) -> list[int]:
     return ids
 
 
+#: What an engine address looks like, for error messages.
+ADDRESS_EXAMPLE: Final = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:29550) or ipc://PATH"
+
+
+def check_address(text: str) -> str:
+    """A ZeroMQ address the client can bind: ``tcp://HOST:PORT`` or ``ipc://PATH``.
+
+    Raises :class:`argparse.ArgumentTypeError` (a one-line usage error) naming the form.
+    """
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme == "ipc" and rest:
+        return text
+    if sep and scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if colon and host and port.isdigit() and 0 < int(port) < 65536:
+            return text
+    raise argparse.ArgumentTypeError(f"expected {ADDRESS_EXAMPLE}, got {text!r}")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
+    return value
+
+
+def seconds_or_off(text: str) -> float | None:
+    """A positive number of seconds, or ``off`` / ``0`` (None: switched off)."""
+    if text.strip().lower() in ("off", "0", "0.0", "none"):
+        return None
+    return positive_float(text)
+
+
+def _config_default(name: str) -> Any:
+    """The default of ``EngineCoreClientConfig.<name>`` (the CLI never restates it)."""
+    default = getattr(attrs.fields(EngineCoreClientConfig), name).default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return default.factory()
+    return default
+
+
+def _off(value: object) -> object:
+    return "off" if value is None else value
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "engines", "with none of these, an embedded mock engine is started in-process")
-    group.add_argument("--handshake-address", metavar="tcp://HOST:PORT",
+        "engines", "with none of --handshake-address and --vllm-model, embedded mock engines "
+                   "are started in this process")
+    group.add_argument("--handshake-address", metavar="tcp://HOST:PORT", type=check_address,
                        help="serve real vLLM engines that dial this address "
                             "(`vllm serve ... --headless --data-parallel-address HOST "
-                            "--data-parallel-rpc-port PORT`)")
-    group.add_argument("--engine-count", type=int, default=1, metavar="N",
-                       help="number of engines (data-parallel ranks) to wait for")
+                            "--data-parallel-rpc-port PORT`); ipc://PATH works too "
+                            "(default: none, an embedded mock engine)")
+    group.add_argument("--engine-count", type=positive_int, default=1, metavar="N",
+                       help="number of engines (data-parallel ranks) to wait for "
+                            "(default: %(default)s)")
     group.add_argument("--advertised-host", default="127.0.0.1", metavar="HOST",
-                       help="address engines use to reach this client's sockets")
+                       help="address engines use to reach this client's sockets "
+                            "(default: %(default)s)")
     group.add_argument("--vllm-model", metavar="PATH",
-                       help="start `vllm serve PATH --headless` engines as child processes")
+                       help="start `vllm serve PATH --headless` engines as child processes "
+                            "(default: none)")
     group.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
-                       help="extra argument for managed vLLM engines (repeatable)")
+                       help="extra argument for managed vLLM engines (repeatable; "
+                            "default: none)")
     group.add_argument("--vllm-command", metavar="CMD",
                        help="command that runs vLLM's CLI for --vllm-model, e.g. 'vllm' or "
                             "'/venv/bin/python -m anyio_genout.vllm.cli' (default: this "
                             "Python with -m anyio_genout.vllm.cli)")
-    group.add_argument("--ready-timeout", type=float, default=600.0, metavar="SECONDS")
-    group.add_argument("--mock-engines", type=int, default=1, metavar="N",
-                       help="embedded mock engines to start (default 1)")
-    group.add_argument("--mock-step-time", type=float, default=0.002, metavar="SECONDS",
-                       help="embedded mock engine step time")
-    group.add_argument("--model-name", default="anyio-genout",
-                       help="model_name label of the metrics")
-    group.add_argument("--vocab-size", type=int, metavar="N",
-                       help="refuse token ids >= N before they reach an engine")
+    group.add_argument("--ready-timeout", type=positive_float,
+                       default=_config_default("ready_timeout"), metavar="SECONDS",
+                       help="give up if the engines are not all ready by then (a real engine "
+                            "loads its model first) (default: %(default)s)")
+    group.add_argument("--liveness-interval", type=seconds_or_off,
+                       default=_config_default("liveness_interval"), metavar="SECONDS",
+                       help="ping every engine this often to notice one that died without a "
+                            "word; 'off' disables (default: "
+                            f"{_off(_config_default('liveness_interval'))})")
+    group.add_argument("--liveness-timeout", type=positive_float,
+                       default=_config_default("liveness_timeout"), metavar="SECONDS",
+                       help="an engine that does not answer a ping within this is dead "
+                            "(default: %(default)s)")
+    group.add_argument("--mock-engines", type=positive_int, default=1, metavar="N",
+                       help="embedded mock engines to start (default: %(default)s)")
+    group.add_argument("--mock-step-time", type=non_negative_float, default=0.002,
+                       metavar="SECONDS",
+                       help="embedded mock engine step time (default: %(default)s)")
+    group.add_argument("--model-name", default="anyio-genout", metavar="NAME",
+                       help="model_name label of the metrics (default: %(default)s)")
+    group.add_argument("--vocab-size", type=positive_int, metavar="N",
+                       help="refuse token ids >= N before they reach an engine (default: "
+                            "the embedded mock's vocabulary, the --vllm-model's config, "
+                            "else no check)")
     group.add_argument("--eos-token-id", type=int, metavar="ID",
-                       help="end-of-sequence token for requests that name none")
+                       help="end-of-sequence token for requests that name none (default: "
+                            "the --vllm-model's config, else none)")
     parser.add_argument("--backend", choices=["asyncio", "uvloop", "trio"], default="asyncio",
-                        help="event loop to run on")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+                        help="event loop to run on (default: %(default)s)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks and debug logs (default: off)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling")
-    group.add_argument("--max-tokens", type=int, default=64)
-    group.add_argument("--min-tokens", type=int, default=0)
-    group.add_argument("--temperature", type=float, default=0.0)
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--min-p", type=float, default=0.0)
-    group.add_argument("--seed", type=int)
-    group.add_argument("--presence-penalty", type=float, default=0.0)
-    group.add_argument("--frequency-penalty", type=float, default=0.0)
-    group.add_argument("--repetition-penalty", type=float, default=1.0)
-    group.add_argument("--stop-token-ids", type=parse_token_ids, default=[], metavar="IDS")
-    group.add_argument("--ignore-eos", action="store_true")
-    group.add_argument("--logprobs", type=int)
+    group.add_argument("--max-tokens", type=positive_int, default=64, metavar="N",
+                       help="tokens to generate at most; more than the model's context "
+                            "leaves after the prompt is refused (default: %(default)s)")
+    group.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                       help="tokens to generate before EOS or a stop token may end the "
+                            "generation (default: %(default)s)")
+    group.add_argument("--temperature", type=float, default=0.0,
+                       help="sampling temperature; 0 is greedy (default: %(default)s)")
+    group.add_argument("--top-p", type=float, default=1.0,
+                       help="nucleus sampling probability mass (default: %(default)s)")
+    group.add_argument("--top-k", type=int, default=0,
+                       help="sample from the K most likely tokens; 0 means all "
+                            "(default: %(default)s)")
+    group.add_argument("--min-p", type=float, default=0.0,
+                       help="drop tokens less likely than MIN_P times the most likely one "
+                            "(default: %(default)s)")
+    group.add_argument("--seed", type=int,
+                       help="seed of this request's random sampling (default: none)")
+    group.add_argument("--presence-penalty", type=float, default=0.0,
+                       help="penalty on tokens already present (default: %(default)s)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0,
+                       help="penalty proportional to a token's count so far "
+                            "(default: %(default)s)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0,
+                       help="multiplicative penalty on repeated tokens; 1 is none "
+                            "(default: %(default)s)")
+    group.add_argument("--stop-token-ids", type=parse_token_ids, default=[], metavar="IDS",
+                       help="comma-separated token ids that end the generation "
+                            "(default: none)")
+    group.add_argument("--ignore-eos", action="store_true",
+                       help="keep generating past the end-of-sequence token (default: off)")
+    group.add_argument("--logprobs", type=int, metavar="N",
+                       help="print each generated token's logprob and rank and the N most "
+                            "likely tokens at its position: stdout then has one line per "
+                            "token, tab-separated: TOKEN LOGPROB RANK ID:LOGPROB... "
+                            "(default: none, token ids only)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -105,6 +225,18 @@ def sampling_from_mapping(value: object) -> SamplingParams:
         raise InvalidRequestError("sampling_params", str(exc)) from None
     params.validate()
     return params
+
+
+def check_max_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
+    """Refuse a ``max_tokens`` the model's context cannot hold, as vLLM's front end does.
+
+    Raises :class:`InvalidRequestError` naming ``max_tokens``; None (fill in) is fine.
+    """
+    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            "max_tokens", f"{max_tokens} is too large: the model's context is {max_model_len} "
+            f"tokens and the prompt has {prompt_len} ({max_tokens} > {max_model_len} - "
+            f"{prompt_len})")
 
 
 def dumps(value: Any) -> str:

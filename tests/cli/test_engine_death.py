@@ -1,4 +1,4 @@
-"""``anyio-genout run`` when its engine dies mid-run: results kept, failures recorded, exit 1."""
+"""``anyio-genout run`` when its engine dies mid-run: results kept, the rest accounted, exit 1."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from anyio_genout.mock import MockFaults
 from .support import (
     BACKEND_PAIRS,
     assert_finished_result,
+    cli,
     cli_process,
     engine_for,
     external_ids,
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.anyio
 
 
 @BACKEND_PAIRS
-async def test_engine_death_keeps_results_and_records_each_failure(
+async def test_engine_death_keeps_results_accounts_for_the_rest_and_resumes(
         tmp_path: Path, cli_backend: str) -> None:
     # 16 at a time, 30 tokens each: the first wave finishes at step 30, the engine sends
     # ENGINE_CORE_DEAD at step 45, in the middle of the second wave.
@@ -49,24 +50,38 @@ async def test_engine_death_keeps_results_and_records_each_failure(
 
     lines = read_results(results)
     by_id = {line["request_id"]: line for line in lines}
-    assert len(by_id) == len(lines)
-    assert by_id.keys() == set(ids)  # every request has exactly one line: result or error
+    assert len(by_id) == len(lines)  # at most one line per request
     finished = {rid for rid, line in by_id.items() if "error" not in line}
-    failed = set(ids) - finished
+    failed = set(by_id) - finished
     for rid in finished:
         assert_finished_result(by_id[rid])
         assert len(by_id[rid]["token_ids"]) == 30
-    for rid in failed:
+    for rid in failed:  # in flight when the engine died
         assert by_id[rid]["error"].startswith("EngineDeadError: "), by_id[rid]
         assert set(by_id[rid]) == {"request_id", "error"}
     assert len(finished) >= 16  # the first wave
-    assert started - finished  # some requests were running when the engine died
-    assert failed
+    assert failed and failed <= started - finished
+    not_run = set(ids) - set(by_id)  # not started once the engine was dead: no line
+    assert not_run
 
-    assert f"{len(finished)}/80 done, {len(failed)} failed" in output.err
-    failure_lines = [line for line in output.err.splitlines()
-                     if line.startswith("anyio-genout: failed: ")]
-    assert len(failure_lines) == min(20, len(failed))
-    assert all("EngineDeadError" in line for line in failure_lines)
-    if len(failed) > 20:
-        assert f"... and {len(failed) - 20} more failed request(s)" in output.err
+    # The closing lines account for every request; the last is the one error line.
+    err = output.err.strip().splitlines()
+    assert f"{len(finished)}/80 done, {len(failed)} failed, 0 skipped" in err[-2]
+    assert err[-1].startswith("anyio-genout: error: EngineDeadError: "), err[-1]
+    assert (f"({len(failed)} in flight failed, {len(not_run)} request(s) not run; run again "
+            "with --resume to finish)") in err[-1]
+    assert not any(line.startswith("anyio-genout: failed: ") for line in err)
+
+    # --resume keeps the finished results and runs the failed and the not-run requests.
+    again = cli("run", str(requests), "-o", str(results), "--resume", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert (f"resuming: {len(finished)} finished result(s) in {results} kept, {len(failed)} "
+            "error or truncated line(s) dropped to run again") in again.stderr
+    lines = read_results(results)
+    assert sorted(line["request_id"] for line in lines) == ids
+    for line in lines:
+        assert_finished_result(line)
+        assert len(line["token_ids"]) == 30
+    assert {rid: line for rid, line in by_id.items() if rid in finished} == {
+        line["request_id"]: line for line in lines[:len(finished)]}  # kept as they were
+    assert "80/80 done, 0 failed, 0 skipped" in again.stderr

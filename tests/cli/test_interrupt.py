@@ -83,7 +83,7 @@ async def test_ctrl_c_in_generate_aborts_the_request(cli_backend: str) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     async with engine_for(address, step_time=0.01) as engine:
         async with cli_process("generate", "--prompt-token-ids", "1,2,3", "--max-tokens",
-                               "5000", "--ignore-eos", "--handshake-address", address,
+                               "4000", "--ignore-eos", "--handshake-address", address,
                                "--backend", cli_backend) as (process, output):
             await wait_until(lambda: running(process, output) and len(output.stdout.split()) >= 5,
                              seconds=20)
