@@ -38,18 +38,19 @@ def importable(module: str) -> bool:
     return True
 
 
-def missing_backend(command: str, backend: str) -> str | None:
-    """The one-line message for ``<command> --backend <backend>`` when the backend's library
+def missing_backend(command: str, backend: str, option: str = "--backend") -> str | None:
+    """The one-line message for ``<command> <option> <backend>`` when the backend's library
     is not installed, or None when it is (or needs none)."""
     need = _NEEDS.get(backend)
     if need is None or importable(need[0]):
         return None
-    return extra_message(f"{command} --backend {backend}", need[1])
+    return extra_message(f"{command} {option} {backend}", need[1])
 
 
 def require_backend(command: str, backend: str) -> None:
     """Print :func:`missing_backend`'s line to stderr and exit with status 2 if the
-    backend's library is missing; return otherwise.
+    backend's library is missing; return otherwise (``command`` is what the line names,
+    e.g. ``"anyio-genout generate"``).
 
     Raises :class:`SystemExit` (status 2), as argparse does for a bad argument.
     """
