@@ -78,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    _configure_logging(args.debug)
     try:
         return _run_backend(args.command, args)
     except KeyboardInterrupt:
@@ -94,6 +93,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(errors) == 1 and isinstance(errors[0], GenoutError | OSError):
             return _report(args, errors[0])
         raise
+
+
+def _configure_logging(debug: bool) -> None:
+    """Warnings on stderr as ``anyio-genout: warning: ...``; everything with ``--debug``.
+
+    Without ``--debug`` the library's error records are left out: an error that ends the
+    command is reported once, by the command's own closing line.
+    """
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LineFormatter())
+    handler.addFilter(lambda record: record.levelno < logging.ERROR)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+class _LineFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"anyio-genout: {record.levelname.lower()}: {record.getMessage()}"
 
 
 def _interrupted() -> int:

@@ -45,7 +45,8 @@ def check_address(text: str) -> str:
         return text
     if sep and scheme == "tcp":
         host, colon, port = rest.rpartition(":")
-        if colon and host and port.isdigit() and 0 < int(port) < 65536:
+        bracketed = host.startswith("[") == host.endswith("]")
+        if colon and host and bracketed and port.isdigit() and 0 < int(port) < 65536:
             return text
     raise argparse.ArgumentTypeError(f"expected {ADDRESS_EXAMPLE}, got {text!r}")
 

@@ -39,7 +39,8 @@ from .options import (
     sampling_from_mapping,
 )
 
-__all__ = ["LineParser", "LineReader", "add_parser", "run"]
+__all__ = ["BadLine", "DoneIds", "Job", "LineParser", "LineReader", "Scan", "add_parser",
+           "read_done", "run", "run_all", "scan"]
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -529,14 +530,14 @@ async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
         job.restart()
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.show)
-            await _run_all(client, LineReader(source), parser, done, args.concurrency, out, job)
+            await run_all(client, LineReader(source), parser, done, args.concurrency, out, job)
             tg.cancel_scope.cancel()
     finally:
         if server is not None:
             server[0].shutdown()
 
 
-async def _run_all(client: Client, lines: LineReader, parser: LineParser,
+async def run_all(client: Client, lines: LineReader, parser: LineParser,
                    done: DoneIds | None, concurrency: int, out: IO[str], job: Job) -> None:
     """Feed parsed requests to ``concurrency`` workers, one at a time as they free up.
 

@@ -104,3 +104,37 @@ def test_debug_shows_the_traceback() -> None:
     assert "anyio_genout.errors.HandshakeTimeoutError" in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(
         "anyio-genout: error: HandshakeTimeoutError: ")
+
+
+def test_an_out_of_vocabulary_id_is_refused_locally_by_the_embedded_mock() -> None:
+    done = cli("generate", "--prompt-token-ids", "1,2,32000")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
+    assert "prompt_token_ids[2]" in line and "vocab_size=32000" in line
+    assert "EngineDeadError" not in line
+
+
+def test_max_tokens_beyond_the_context_is_refused_with_the_numbers() -> None:
+    done = cli("generate", "--prompt-token-ids", "1,2,3", "--max-tokens", "5000")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
+    assert "max_tokens: 5000 is too large" in line and "(5000 > 4096 - 3)" in line
+
+
+def test_logprobs_prints_one_line_per_token_with_the_top_n() -> None:
+    done = cli("generate", "--prompt-token-ids", "1,2,3", "--max-tokens", "6", "--ignore-eos",
+               "--logprobs", "2")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("\t") for line in done.stdout.splitlines()]
+    assert [int(row[0]) for row in rows] == greedy_tokens([1, 2, 3], 6)
+    for token, logprob, rank, top in rows:
+        assert float(logprob) <= 0 and int(rank) >= 1
+        alternatives = [entry.split(":") for entry in top.split(" ")]
+        assert len(alternatives) == 2
+        assert all(float(lp) <= 0 for _, lp in alternatives)
+        assert alternatives[0] == [token, logprob]  # greedy: the sampled token is the top one
+    assert int(summary(done.stderr)[1]) == 6
