@@ -8,7 +8,8 @@ with an infinite buffer (docs/performance.md has the measurements).
 
 A mailbox has at most one waiter, woken from the event loop's own thread, so it parks the
 way :mod:`.parking` does: on the cheapest primitive each backend has rather than on an
-``anyio.Event``.
+``anyio.Event``. A second task that tries to wait while one waits gets
+:class:`anyio.BusyResourceError` at once (two tasks iterating one stream).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import functools
 from collections import deque
 from typing import TYPE_CHECKING, NamedTuple
+
+import anyio
 
 from ..protocol import EngineCoreOutput
 from .parking import Parking, _AsyncioParking, _trio_parking, running_library
@@ -84,9 +87,20 @@ class OutputMailbox(Parking):
             self.wake()
 
     def discard(self) -> None:
-        """The consumer left: drop what it did not read and refuse more."""
+        """The consumer left: drop what it did not read and refuse more.
+
+        A consumer parked meanwhile (the stream was closed from another task) wakes up to
+        see that."""
         self.closed = True
         self.items.clear()
+        if self.waiter is not None:
+            self.wake()
+
+    def busy(self) -> anyio.BusyResourceError:
+        error = anyio.BusyResourceError("iterating")
+        error.args = ("another task is already iterating this stream (read each request's "
+                      "stream from one task only)",)
+        return error
 
 
 class _AsyncioMailbox(OutputMailbox, _AsyncioParking):

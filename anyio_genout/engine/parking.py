@@ -12,6 +12,10 @@ event, its waiter list and two more coroutine frames):
 
 Either way cancellation behaves exactly as it does for an event, and tests run every
 behaviour that parks on both backends.
+
+There is room for one parked task: a second task that tries to park while the first is
+parked gets :class:`anyio.BusyResourceError` at once. Letting it in would overwrite the one
+slot, and whichever task lost it would never be woken again.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import functools
 from typing import Any
+
+import anyio
 
 from ..readiness import running_library
 
@@ -38,8 +44,16 @@ class Parking:
         self.waiter: Any = None
 
     async def wait(self) -> None:
-        """Park until :meth:`wake` (or cancellation)."""
+        """Park until :meth:`wake` (or cancellation).
+
+        Raises :class:`anyio.BusyResourceError` (from :meth:`busy`), without waiting, if
+        another task is parked here already.
+        """
         raise NotImplementedError
+
+    def busy(self) -> anyio.BusyResourceError:
+        """The error for a second task that tries to park (subclasses say what for)."""
+        return anyio.BusyResourceError("waiting on")
 
     def wake(self) -> None:
         """Unpark the parked task; only called while ``waiter`` is not None."""
@@ -50,6 +64,11 @@ class _AsyncioParking(Parking):
     __slots__ = ()
 
     async def wait(self) -> None:
+        waiter = self.waiter
+        # A cancelled future whose task has not run since belongs to a task that is
+        # leaving: its ``finally`` below will not clear a newer waiter, so take the slot.
+        if waiter is not None and not waiter.done():
+            raise self.busy()
         future = self.waiter = asyncio.get_running_loop().create_future()
         try:
             await future
@@ -73,6 +92,8 @@ def _trio_parking() -> type[Parking]:
         __slots__ = ()
 
         async def wait(self) -> None:
+            if self.waiter is not None:  # a cancelled task's abort already cleared it
+                raise self.busy()
             self.waiter = current_task()
             await wait_task_rescheduled(self._abort)
 

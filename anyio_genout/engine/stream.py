@@ -46,6 +46,10 @@ class EngineCoreOutputStream:
     checkpoint (a chance for cancellation and for other tasks to run) every
     ``32`` outputs; when none is buffered the stream waits, which is a checkpoint. The end
     of the stream is a cancellation point.
+
+    Iterate a stream from one task: a second task that waits for an output while another
+    one does gets :class:`anyio.BusyResourceError` at once (the first keeps its place).
+    :meth:`close` from another task ends the iteration of a waiting consumer.
     """
 
     __slots__ = ("_box", "_closed", "_engine_index", "_on_close", "_request_id",
@@ -100,12 +104,21 @@ class EngineCoreOutputStream:
             self._since_checkpoint = count
         else:
             self._since_checkpoint = 0
-            while not items and not box.closed:
-                await box.wait()
+            try:
+                while not items and not box.closed:
+                    await box.wait()
+            except anyio.BusyResourceError:
+                raise self._busy() from None
         output = self.receive_output_nowait()
-        if output is None:  # closed meanwhile (by close() from another task)
-            self._fail(RequestStreamClosed(self._request_id))
+        if output is None:  # ended meanwhile: close() from another task
+            raise StopAsyncIteration
         return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
+
+    def _busy(self) -> anyio.BusyResourceError:
+        error = anyio.BusyResourceError("iterating")
+        error.args = (f"another task is already iterating the stream of request "
+                      f"{self._request_id!r} (read each stream from one task only)",)
+        return error
 
     def receive_nowait(self) -> EngineCoreStreamOutput | None:
         """The next buffered output, or None if none is buffered (raises like ``__anext__``)."""

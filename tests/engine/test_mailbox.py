@@ -105,3 +105,58 @@ async def test_the_running_library_is_the_backend_in_use(
     """How mailboxes and descriptor waits pick their primitive (no sniffio needed)."""
     assert running_library() == anyio_backend[0]
     assert type(mailbox_factory()()).__name__.lower().startswith(f"_{anyio_backend[0]}")
+
+
+async def _park_once(box: OutputMailbox, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
+    with anyio.CancelScope() as scope:
+        task_status.started(scope)
+        await box.wait()
+
+
+async def test_a_second_waiter_is_refused_at_once_and_the_first_keeps_its_place() -> None:
+    """One slot: a second task must not overwrite the first one's (it would never wake)."""
+    box = mailbox_factory()()
+    got: list[float] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_drain, box, got, 1)
+        await anyio.wait_all_tasks_blocked()
+        assert box.waiter is not None
+        with anyio.fail_after(1), pytest.raises(anyio.BusyResourceError,
+                                                match="another task is already iterating"):
+            await box.wait()
+        _put(box, 7)  # wakes the first waiter, which reads it
+    assert got == [7.0]
+    assert box.waiter is None
+
+
+async def test_cancelling_one_waiter_never_strands_another() -> None:
+    """Reader A parks, reader B is refused; cancelling A frees the slot, so B can park and is
+    woken by the next put. (When B overwrote the slot, cancelling A cleared B's registration
+    on trio, and B slept through every later put.)"""
+    box = mailbox_factory()()
+    got: list[float] = []
+    async with anyio.create_task_group() as tg:
+        scope_a = await tg.start(_park_once, box)
+        await anyio.wait_all_tasks_blocked()
+        with anyio.fail_after(1), pytest.raises(anyio.BusyResourceError):
+            await box.wait()
+        scope_a.cancel()
+    assert box.waiter is None
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_drain, box, got, 1)
+            await anyio.wait_all_tasks_blocked()
+            _put(box, 3)
+    assert got == [3.0]
+
+
+async def test_discard_wakes_a_parked_consumer() -> None:
+    """A stream closed from another task: its parked consumer must wake to see it."""
+    box = mailbox_factory()()
+    got: list[float] = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_drain, box, got, 1)
+            await anyio.wait_all_tasks_blocked()
+            box.discard()
+    assert got == [] and box.closed and box.waiter is None
