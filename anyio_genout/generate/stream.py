@@ -1,10 +1,14 @@
 """``GenerateStream``: one request's scope and its outputs.
 
-``async with client.generate(request) as stream:`` sends the request and opens the request's
-cancel scope; ``async for out in stream`` yields :class:`GenerateOutput` deltas. Leaving the
-block before the terminal output (``break``, an exception, a timeout or cancellation around
-it, or :meth:`GenerateStream.cancel`) aborts the request in the engine exactly once, and the
+``async with client.generate(request) as stream:`` sends the request; ``async for out in
+stream`` yields :class:`GenerateOutput` deltas. Leaving the block before the terminal output
+(``break``, an exception, a timeout or cancellation around it) or :meth:`GenerateStream.close`
+(alias :meth:`~GenerateStream.cancel`) aborts the request in the engine exactly once, and the
 metrics record it with the finished reason of the current :class:`AbortCause`.
+
+The scope opens no cancel scope and no task group, and leaving it never awaits: so the block
+may contain the ``yield`` of an async generator that wraps the stream, and that generator may
+be closed late, from another task (docs/concepts.md, "Wrapping a stream").
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from ..engine import EngineCoreOutputStream
 from ..engine.stream import CHECKPOINT_EVERY
 from ..errors import SamplingMaskMismatchError
 from ..metrics import RequestTracker
-from ..protocol import EngineCoreRequest, Logprobs, SamplingMask
+from ..protocol import EngineCoreFinishReason, EngineCoreRequest, Logprobs, SamplingMask
 from .abort_cause import AbortCause
-from .inflight import InflightGuard
+from .inflight import AbortedIds, InflightGuard
 from .output import (
     CollectedGenerateOutput,
     FinishReason,
@@ -43,20 +47,28 @@ logger = logging.getLogger("anyio_genout.generate")
 
 
 class GenerateStream:
-    """A request in flight: an async context manager and an async iterator of outputs."""
+    """A request in flight: an async context manager and an async iterator of outputs.
 
-    __slots__ = ("_client", "_done", "_engine_request", "_external_id", "_guard",
-                 "_matcher", "_prompt_pending", "_raw", "_scope", "_since_checkpoint",
-                 "_tracker")
+    Iterate it from one task: a second task that waits for an output while another one does
+    gets :class:`anyio.BusyResourceError` at once.
+    """
+
+    __slots__ = ("_aborted", "_client", "_done", "_engine_request", "_entered", "_external_id",
+                 "_guard", "_matcher", "_number", "_prompt_pending", "_raw",
+                 "_since_checkpoint", "_tracker")
 
     def __init__(self, client: Client, engine_request: EngineCoreRequest) -> None:
         self._client = client
         self._engine_request = engine_request
         self._external_id = engine_request.external_req_id or engine_request.request_id
         self._raw: EngineCoreOutputStream | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._entered = False
         self._tracker: RequestTracker | None = None
         self._guard: InflightGuard | None = None
+        # Ids the caller chose are refused for reuse while late outputs may come (see there).
+        self._aborted: AbortedIds | None = (
+            None if client.config.randomize_request_ids else client._inflight.aborted)
+        self._number = 0
         sequences = engine_request.sampling_params.stop_token_sequences
         self._matcher = (StopSequenceMatcher(
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
@@ -67,17 +79,21 @@ class GenerateStream:
     # ------------------------------------------------------------------ scope
 
     async def __aenter__(self) -> Self:
-        if self._scope is not None:
+        if self._entered:
             raise RuntimeError("a GenerateStream can be entered only once")
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        self._scope = scope
+        self._entered = True
+        await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
             client = self._client
-            raw = client.engine._open_stream(self._engine_request)
-            self._raw = raw
             request = self._engine_request
+            aborted = self._aborted
+            if aborted is not None:
+                aborted.check(request.request_id)
+            raw = client.engine._open_stream(request)
+            self._raw = raw
+            if aborted is not None:
+                self._number = aborted.opened(raw.engine_index,
+                                              client.engine._pending_aborts)
             self._tracker = client.metrics.tracker(
                 engine_index=raw.engine_index,
                 arrival_time=request.arrival_time,
@@ -85,18 +101,14 @@ class GenerateStream:
                 max_tokens=_resolved_max_tokens(request, client.engine.max_model_len),
             )
             self._guard = client._inflight.track(self._external_id, request.request_id)
-        except BaseException as exc:
+        except BaseException:
             self._release()
-            if scope.__exit__(type(exc), exc, exc.__traceback__):
-                return self  # pragma: no cover - cancelled by stream.cancel() before entry
             raise
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> bool:
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
         self._release()
-        assert self._scope is not None
-        return bool(self._scope.__exit__(exc_type, exc, tb))
 
     def _release(self, cause: AbortCause | None = None) -> None:
         """Close the request (abort it if live), record an early exit, release tracking."""
@@ -114,6 +126,8 @@ class GenerateStream:
                                 raw.request_id)
                 else:
                     logger.debug("aborting request %s: %s", raw.request_id, cause.value)
+                if self._aborted is not None:
+                    self._aborted.aborted(raw.request_id, raw.engine_index)
             raw.close()
         if self._guard is not None:
             self._guard.release()
@@ -122,18 +136,22 @@ class GenerateStream:
     def close(self, cause: AbortCause | None = None) -> None:
         """Finish with this request now: abort it in the engine if it is still running.
 
-        ``cause`` overrides :meth:`AbortCause.current` for the metrics (e.g.
-        ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above matched a stop
-        condition). Synchronous and idempotent; leaving the ``async with`` block afterwards
-        does nothing more. Iterating a closed stream ends it.
+        ``cause`` overrides :meth:`AbortCause.current` (read in the calling task) for the
+        metrics (e.g. ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above
+        matched a stop condition). Synchronous and idempotent; leaving the ``async with``
+        block afterwards does nothing more. The iteration ends: the next ``async for`` step
+        stops, and one that waits for an output in another task wakes up and stops.
         """
         self._release(cause)
 
     def cancel(self) -> None:
-        """Cancel the request's scope: the body stops at its next checkpoint, the request
-        is aborted, and the ``async with`` block exits without an exception."""
-        if self._scope is not None:
-            self._scope.cancel()
+        """The same as :meth:`close` (kept by that name for callers in other tasks).
+
+        The request is aborted at once and ``async for`` ends, so the ``async with`` block
+        ends without an exception once its body is done; other awaits in the body are not
+        interrupted. To interrupt the whole body, cancel a cancel scope of your own around
+        the block."""
+        self._release()
 
     # ------------------------------------------------------------------ accessors
 
@@ -188,6 +206,8 @@ class GenerateStream:
         prompt_info = None
         if self._prompt_pending:
             self._prompt_pending = False
+            if self._aborted is not None:
+                self._aborted.witnessed(raw.engine_index, self._number)
             prompt_info = GeneratePromptInfo(
                 self._engine_request.prompt_token_ids, prompt_logprobs, prompt_token_id_logprobs)
         if mask is not None and len(mask) != len(tokens):
@@ -225,6 +245,9 @@ class GenerateStream:
         )
         if finish is not None:
             tracker.record_finished(received_at, finish.as_str())
+            if finish_reason is EngineCoreFinishReason.ABORT and self._aborted is not None:
+                # client.abort(): the engine may have made outputs before it read the ABORT.
+                self._aborted.aborted(rid, raw.engine_index)
             if matched is not None and not raw.terminated:
                 # The client matched a stop sequence: free the engine's request, on purpose.
                 self._release(AbortCause.STOP_STRING_MATCHED)

@@ -81,6 +81,8 @@ async def cancellation_storm(n: int, seed: int, *, engines: int = 1,
                                     finished.add(rid)
                                 seen += 1
                                 if seen >= after and how == "cancel":
+                                    if rid in raw._registry.requests:  # cancel() aborts now
+                                        expect_abort.add(rid)
                                     stream.cancel()
                                     await anyio.lowlevel.checkpoint()
                                 if seen >= after and how == "raise":
@@ -92,7 +94,7 @@ async def cancellation_storm(n: int, seed: int, *, engines: int = 1,
                             # leaving now must abort it, exactly once.
                             if rid in raw._registry.requests:
                                 expect_abort.add(rid)
-                            elif rid not in finished:
+                            elif rid not in finished and rid not in expect_abort:
                                 cancelled.add(rid)  # terminal was buffered, not consumed
                 except LookupError:
                     pass

@@ -124,14 +124,11 @@ async def leave_by_cancelling_the_task_group(client: Client, engine: FakeEngine,
 
 async def leave_by_stream_cancel(client: Client, engine: FakeEngine, cause: AbortCause | None,
                                  terminal: bool) -> str:
-    left = False
     with cause_scope(cause):
         async with client.generate(request("req-exit")) as stream:
             internal = await first_output(stream, engine, terminal)
             stream.cancel()
-            await drain_then_wait(stream)
-        left = True  # the ``async with`` swallowed its own cancellation
-    assert left
+            assert [out async for out in stream] == []  # the iteration ends at once
     return internal
 
 
@@ -212,6 +209,38 @@ async def test_abort_cause_is_per_task() -> None:
     assert AbortCause.DROPPED_STREAM.finished_reason == "abort"
 
 
+async def test_tasks_started_inside_abort_cause_inherit_it() -> None:
+    """The cause is a context variable: a task started inside the ``with`` block copies it
+    (asyncio and trio alike), and keeps it after the block ends; one started outside does
+    not."""
+    async with generate_cluster() as (client, (engine,)):
+        left: dict[str, str] = {}
+
+        async def leave_early(name: str, ready: anyio.Event) -> None:
+            async with client.generate(request(name)) as stream:
+                left[name] = stream.request_id
+                await ready.wait()
+            # (the scope is left here, before any output)
+
+        inside_ready, outside_ready = anyio.Event(), anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(leave_early, "outside", outside_ready)
+            with abort_cause(AbortCause.STOP_STRING_MATCHED):
+                tg.start_soon(leave_early, "inside", inside_ready)
+            # Both children leave their scopes after the ``with`` block has ended.
+            await anyio.wait_all_tasks_blocked()
+            inside_ready.set()
+            outside_ready.set()
+        for _ in range(2):
+            await engine.receive_add()
+        aborted: list[str] = []
+        with anyio.fail_after(1):
+            while len(aborted) < 2:
+                aborted.extend((await engine.receive_abort()).request_ids)
+        assert sorted(aborted) == sorted(left.values())
+        assert finished_counts(client) == {"stop": 1, "abort": 1}
+
+
 async def test_many_streams_left_together_abort_each_once() -> None:
     async with generate_cluster() as (client, (engine,)):
         with anyio.move_on_after(0.05):
@@ -229,25 +258,29 @@ async def test_many_streams_left_together_abort_each_once() -> None:
         assert len(client.inflight) == 0
 
 
-async def test_stream_cancel_from_another_task() -> None:
+@pytest.mark.parametrize("method", ["cancel", "close"])
+async def test_stream_cancel_or_close_from_another_task_ends_a_waiting_iteration(
+        method: str) -> None:
+    """The consumer waits in ``async for``; a watchdog task gives up on the request: the
+    request is aborted and the waiting consumer wakes, its loop ends, the block ends
+    normally (``close()`` from another task used to leave the consumer parked forever)."""
     async with generate_cluster() as (client, (engine,)):
-        left = False
         async with client.generate(request("req-watchdog")) as stream:
             internal = await first_output(stream, engine, False)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(lambda: _cancel_soon(stream))
-                await drain_then_wait(stream)
-            pytest.fail("the request's scope should have been cancelled")  # pragma: no cover
-        left = True
-        assert left
+                tg.start_soon(_give_up_soon, stream, method)
+                with anyio.fail_after(5):
+                    rest = [out async for out in stream]
+        assert rest == []
         assert (await engine.receive_abort()).request_ids == (internal,)
         await engine.expect_nothing(QUIET)
         assert finished_counts(client) == {"abort": 1}
+        assert len(client.inflight) == 0 and client.engine.in_flight == 0
 
 
-async def _cancel_soon(stream: GenerateStream) -> None:
-    await anyio.sleep(0.01)
-    stream.cancel()
+async def _give_up_soon(stream: GenerateStream, method: str) -> None:
+    await anyio.wait_all_tasks_blocked()  # the consumer is parked
+    getattr(stream, method)()
 
 
 async def test_a_stream_is_entered_once_and_only_iterated_inside_its_scope() -> None:
