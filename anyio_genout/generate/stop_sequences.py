@@ -2,6 +2,11 @@
 
 The engine only stops on single tokens. A stop sequence can straddle step boundaries, so
 the matcher keeps the last ``longest - 1`` tokens of the previous steps.
+
+``min_tokens`` applies as vLLM applies it to stop strings (``vllm/v1/engine/detokenizer.py``:
+``check_stop_strings`` only searches the text after the first ``min_tokens`` tokens) and to
+stop token ids (masked until ``min_tokens`` tokens exist): a sequence counts only if its last
+token comes after the first ``min_tokens`` output tokens; it may begin within them.
 """
 
 from __future__ import annotations
@@ -12,7 +17,8 @@ __all__ = ["StopSequenceMatcher"]
 
 
 class StopSequenceMatcher:
-    """Finds the first stop sequence that ends at or after output token ``min_tokens``."""
+    """Finds the first stop sequence whose last token is output token ``min_tokens + 1`` or
+    later (counting from 1); the earliest end wins, then the order of ``sequences``."""
 
     __slots__ = ("_count", "_longest", "_min_tokens", "_sequences", "_tail")
 
@@ -33,8 +39,8 @@ class StopSequenceMatcher:
         for i, token in enumerate(tokens):
             window.append(token)
             self._count += 1
-            if self._count < self._min_tokens:
-                continue  # like vLLM's stop strings, no stop before min_tokens
+            if self._count <= self._min_tokens:
+                continue  # like vLLM: no stop within the first min_tokens tokens
             for seq in self._sequences:
                 n = len(seq)
                 if len(window) >= n and window[-1] == seq[-1] and tuple(window[-n:]) == seq:

@@ -81,3 +81,33 @@ async def test_engine_stop_without_a_sequence_match_keeps_the_engine_reason() ->
         assert collected.finish_reason == FinishReason.LENGTH
         await engine.expect_nothing(0.1)
         assert finished_counts(client) == {"length": 1}
+
+
+@pytest.mark.parametrize(("min_tokens", "steps", "expected", "finish"), [
+    # (5, 6) ends at token 2 = min_tokens: not a stop (vLLM: only after min_tokens tokens);
+    # it ends again at token 4, beginning within the first min_tokens tokens: a stop.
+    (2, [[5, 6, 5], [6, 9]], [[5, 6, 5], [6]], FinishReason.stop((5, 6))),
+    (0, [[5, 6, 5], [6, 9]], [[5, 6]], FinishReason.stop((5, 6))),
+    (1, [[5, 6, 5], [6, 9]], [[5, 6]], FinishReason.stop((5, 6))),
+    # The case: a sequence at tokens 2-3 with min_tokens=10 never stops the request.
+    (10, [[1, 5, 6, 1, 1], [1] * 5, [1] * 5, [1] * 5], [[1, 5, 6, 1, 1], [1] * 5, [1] * 5,
+                                                         [1] * 5], FinishReason.LENGTH),
+])
+async def test_min_tokens_holds_back_stop_sequences_like_vllm(
+        min_tokens: int, steps: list[list[int]], expected: list[list[int]],
+        finish: FinishReason) -> None:
+    async with generate_cluster() as (client, (engine,)):
+        req = request("req-min", max_tokens=20, min_tokens=min_tokens,
+                      stop_token_sequences=[(5, 6)])
+        async with client.generate(req) as stream:
+            internal = (await engine.receive_add()).request.request_id
+            for i, step in enumerate(steps):
+                last = i == len(steps) - 1 and finish.kind is FinishReasonKind.LENGTH
+                await engine.send([output(internal, step, LENGTH if last else None)])
+            outs = [out async for out in stream]
+        assert [list(o.token_ids) for o in outs] == expected
+        assert outs[-1].finish_reason == finish
+        assert finished_counts(client) == {finish.as_str(): 1}
+        if finish.kind is FinishReasonKind.STOP:
+            assert (await engine.receive_abort()).request_ids == (internal,)
+        await engine.expect_nothing(0.05)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import gc
+import itertools
 import re
 
 import pytest
@@ -211,3 +213,63 @@ def test_stop_sequence_matcher(steps: list[list[int]],
         if result is not None:
             break
     assert result == expected
+
+
+def _vllm_check_stop_strings(output_text: str, new_char_count: int,
+                             stop: list[str]) -> tuple[str, int] | None:
+    """vLLM 0.32's ``check_stop_strings`` (vllm/v1/engine/detokenizer.py), without
+    ``include_stop_str_in_output``."""
+    if not new_char_count or not stop:
+        return None
+    best: tuple[int, int, str] | None = None  # (end, start, stop string)
+    for stop_str in stop:
+        index = output_text.find(stop_str, 1 - new_char_count - len(stop_str))
+        if index != -1 and (best is None or index + len(stop_str) < best[0]):
+            best = (index + len(stop_str), index, stop_str)
+    return None if best is None else (best[2], best[1])
+
+
+def _vllm_stop(steps: list[list[int]], sequences: list[tuple[int, ...]],
+               min_tokens: int) -> tuple[int, tuple[int, ...] | None]:
+    """Tokens kept and the sequence matched, as vLLM's detokenizer would with stop strings
+    (``update``: min_tokens offset, earliest match, tokens after it dropped), each token
+    id spelled as one character so that token and text boundaries coincide."""
+    spell = {s: "".join(chr(65 + t) for t in s) for s in sequences}
+    text, count = "", 0
+    for step in steps:
+        previous = count
+        offsets = [len(text)]
+        for token in step:
+            text += chr(65 + token)
+            count += 1
+            offsets.append(len(text))
+        if count > min_tokens:
+            check_from = offsets[max(min_tokens - previous, 0)]
+            stop = _vllm_check_stop_strings(text, len(text) - check_from,
+                                            [spell[s] for s in sequences])
+            if stop is not None:
+                stop_str, start = stop
+                kept = bisect.bisect_left(offsets, start + len(stop_str), lo=1)
+                matched = next(s for s in sequences if spell[s] == stop_str)
+                return previous + kept, matched
+    return count, None
+
+
+@pytest.mark.parametrize("sequences", [[(5, 6)], [(6,), (5, 6)], [(5, 6, 5), (6, 5)]])
+@pytest.mark.parametrize("min_tokens", [0, 1, 2, 3, 5])
+def test_stop_sequences_and_min_tokens_agree_with_vllms_stop_strings(
+        sequences: list[tuple[int, ...]], min_tokens: int) -> None:
+    """Every 6-token output over {5, 6, 7}, in one step, token by token, and in pairs."""
+    for tokens in itertools.product((5, 6, 7), repeat=6):
+        for size in (6, 1, 2):
+            steps = [list(tokens[i:i + size]) for i in range(0, len(tokens), size)]
+            matcher = StopSequenceMatcher(sequences, min_tokens)
+            got: tuple[int, tuple[int, ...] | None] = (len(tokens), None)
+            done = 0
+            for step in steps:
+                result = matcher.feed(step)
+                if result is not None:
+                    got = (done + result[0], result[1])
+                    break
+                done += len(step)
+            assert got == _vllm_stop(steps, sequences, min_tokens), (tokens, size)
