@@ -19,6 +19,12 @@ or, to name the cause for one exit only, close the stream explicitly::
             if matched(out):
                 stream.close(AbortCause.STOP_STRING_MATCHED)
                 break
+
+Like any :class:`contextvars.ContextVar`, the cause is per task and inherited: a task started
+inside the ``with`` block (``tg.start_soon`` there) starts with a copy of the context, so the
+scopes it leaves count with that cause too, even after the block ended; setting it in a child
+never changes it for its parent. To keep a child out, start it outside the block, or enter
+``abort_cause(AbortCause.DROPPED_STREAM)`` in the child.
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ _cause: contextvars.ContextVar[AbortCause] = contextvars.ContextVar(
 
 @contextmanager
 def abort_cause(cause: AbortCause) -> Iterator[None]:
-    """Set the abort cause for scopes left inside this ``with`` block (this task only)."""
+    """Set the abort cause for scopes left inside this ``with`` block.
+
+    It applies to this task and to the tasks started inside the block, which inherit it
+    (contextvars semantics); not to the task that started this one."""
     token = _cause.set(cause)
     try:
         yield
