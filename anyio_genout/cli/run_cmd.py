@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -101,19 +102,38 @@ class _IdFilter:
 
     def add(self, request_id: str) -> bool:
         """Add ``request_id``; True if it may have been added before."""
-        h = hash(request_id) & 0xFFFF_FFFF_FFFF_FFFF
-        h1, h2 = h & 0xFFFF_FFFF, (h >> 32) | 1
-        bits, mask, seen = self._bits, self._BITS - 1, True
-        for i in range(3):
-            index = (h1 + i * h2) & mask
-            byte, bit = index >> 3, 1 << (index & 7)
-            if not bits[byte] & bit:
-                seen = False
-                bits[byte] |= bit
-        return seen
+        h = hash(request_id)
+        # Three probes from one 64-bit hash (double hashing), unrolled: this runs per line.
+        a, b = h & 0x3FF_FFFF, ((h >> 32) & 0x3FF_FFFF) | 1
+        c, d = (a + b) & 0x3FF_FFFF, (a + 2 * b) & 0x3FF_FFFF
+        bits = self._bits
+        seen = (bits[a >> 3] >> (a & 7)) & (bits[c >> 3] >> (c & 7)) & (bits[d >> 3] >> (d & 7)) & 1
+        bits[a >> 3] |= 1 << (a & 7)
+        bits[c >> 3] |= 1 << (c & 7)
+        bits[d >> 3] |= 1 << (d & 7)
+        return bool(seen)
+
+
+#: A top-level ``"request_id": "..."`` without escapes. Inside a JSON string every quote is
+#: escaped, so a match is a key: the request's own (or a nested one's, an invalid line).
+_ID_KEY: Final = re.compile(rb'"request_id"\s*:\s*"([^"\\]*)"')
 
 
 def _line_id(line: bytes, number: int) -> str | None:
+    """The request id of ``line`` as parsing it would find it (None: it has none).
+
+    The fast path reads the id without parsing the line; anything unusual (escapes, the
+    key twice, not a string) is parsed in full.
+    """
+    if b'"request_id"' not in line:
+        return f"line-{number}"
+    found = _ID_KEY.findall(line)
+    if len(found) == 1:
+        try:
+            rid: str = found[0].decode()
+        except UnicodeDecodeError:
+            return None
+        return rid
     try:
         value = json.loads(line)
     except ValueError:
@@ -573,7 +593,12 @@ async def run_all(client: Client, lines: LineReader, parser: LineParser,
                         job.done += 1
                         job.resumed += 1
                         continue
-                    await send.send(request)
+                    try:
+                        # A worker is waiting: hand it over without a pass of the event loop,
+                        # so a wave of requests reaches the engine together.
+                        send.send_nowait(request)
+                    except anyio.WouldBlock:
+                        await send.send(request)
 
     async def work() -> None:
         async for request in receive:
