@@ -27,6 +27,14 @@ class ClientConfig:
     ignore EOS): without it the engine never stops on end-of-sequence. ``vocab_size`` (also
     settable on ``engine``) makes the client refuse out-of-vocabulary token ids, which would
     kill a real engine. Metrics go to ``registry``, or to a private registry if None.
+
+    ``randomize_request_ids=False`` sends the engine each request's own id instead of
+    ``"{id}-{8 hex}"``. Then ids must be unique among live requests, and reusing the id of an
+    aborted request is hazardous: the engine sends nothing when it aborts a request, so
+    outputs it made before reading the ABORT can still arrive and would go to the new request.
+    Entering such a request raises :class:`~anyio_genout.DuplicateRequestIdError` until a
+    later request on the same engine has produced output (proof that those late outputs have
+    all been read); see docs/concepts.md, "Aborting by request id".
     """
 
     engine: EngineCoreClientConfig = attrs.field(factory=EngineCoreClientConfig)
