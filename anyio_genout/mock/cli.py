@@ -1,78 +1,134 @@
-"""Command line of the mock engine core (``python -m anyio_genout.mock``).
+"""Command line of the mock engine core (``anyio-genout mock-engine``, or
+``python -m anyio_genout.mock``).
 
 Example, dialling a front end like ``vllm serve --headless`` does::
 
-    python -m anyio_genout.mock --handshake-address tcp://127.0.0.1:29550 --rank 0
+    anyio-genout mock-engine --handshake-address tcp://127.0.0.1:29550 --rank 0
 
 or, bootstrapped (no handshake socket)::
 
-    python -m anyio_genout.mock --input-address tcp://127.0.0.1:5000 \\
+    anyio-genout mock-engine --input-address tcp://127.0.0.1:5000 \\
         --output-address tcp://127.0.0.1:5001 --rank 3
 
-It runs until SIGINT or SIGTERM (exit status 0) or until the engine dies (status 1).
+It serves clients one after another: when a client leaves (its sockets close, or its process
+dies), a fresh engine dials the handshake address again for the next one. This is the one
+place the mock differs on purpose from a real ``vllm serve --headless``, which handshakes
+once per process and must be restarted for a new front end. ``--once`` exits after the
+first client instead. Connections and departures are reported on stderr.
+
+It runs until SIGINT or SIGTERM (exit status 0), until the engine dies (status 1), or with
+``--once`` until its client leaves (status 0). A bad option or a backend whose library is
+not installed exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
+import math
+import sys
 from collections.abc import Sequence
 
 import anyio
 
+from ..cli.backends import BACKENDS, anyio_run_arguments, require_backend
+from ..cli.engines import interruptible
+from ..cli.helpformat import HelpFormatter
+from ..errors import GenoutError, HandshakeTimeoutError
 from .config import MockEngineConfig, MockFaults
 from .engine import MockEngine
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["DEFAULT_PROG", "build_parser", "config_from_args", "main"]
+
+#: The program name ``--help`` shows when run as ``anyio-genout mock-engine``.
+DEFAULT_PROG = "anyio-genout mock-engine"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m anyio_genout.mock",
-        description="Run a mock vLLM engine core speaking the real wire protocol.",
-    )
+        prog=prog, formatter_class=HelpFormatter,
+        description="Run a mock vLLM engine core speaking the real wire protocol over "
+                    "ZeroMQ, with a deterministic fake model. It dials a front end's "
+                    "handshake address like `vllm serve --headless` and serves clients one "
+                    "after another (a real engine serves one front end per process).")
     where = parser.add_argument_group("addresses")
-    where.add_argument("--handshake-address", help="front end handshake ROUTER to dial")
-    where.add_argument("--input-address", help="bootstrapped mode: input ROUTER to dial")
+    where.add_argument("--handshake-address", metavar="tcp://HOST:PORT",
+                       help="front end handshake ROUTER to dial (default: none; give it, or "
+                            "--input-address and --output-address)")
+    where.add_argument("--input-address", metavar="tcp://HOST:PORT",
+                       help="bootstrapped mode: input ROUTER to dial (default: none)")
     where.add_argument("--output-address", action="append", default=[],
-                       help="bootstrapped mode: output PULL to dial (repeat per client)")
-    where.add_argument("--rank", type=int, default=0, help="data-parallel rank (identity)")
+                       metavar="tcp://HOST:PORT",
+                       help="bootstrapped mode: output PULL to dial, repeat per client "
+                            "(default: none)")
+    where.add_argument("--rank", type=int, default=0, metavar="N",
+                       help="data-parallel rank (the engine's ZeroMQ identity)")
     model = parser.add_argument_group("model and scheduler")
-    model.add_argument("--max-num-seqs", type=int, default=256)
-    model.add_argument("--step-time", type=float, default=0.0,
-                       help="seconds per step (0: as fast as possible)")
-    model.add_argument("--steps-per-checkpoint", type=int, default=16,
+    model.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
+                       help="requests running at once; more wait in a FIFO queue")
+    model.add_argument("--step-time", type=float, default=0.0, metavar="SECONDS",
+                       help="seconds per engine step (0: as fast as possible)")
+    model.add_argument("--steps-per-checkpoint", type=int, default=16, metavar="N",
                        help="with --step-time 0: steps between two yields to the event loop "
                             "and input reads (nothing else runs in this process's loop)")
-    model.add_argument("--max-model-len", type=int, default=4096)
-    model.add_argument("--vocab-size", type=int, default=32000)
-    model.add_argument("--eos-token-id", type=int, default=None)
-    model.add_argument("--num-speculative-tokens", type=int, default=0)
-    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--max-model-len", type=int, default=4096, metavar="N",
+                       help="prompt + output tokens at most (finish reason length)")
+    model.add_argument("--vocab-size", type=int, default=32000, metavar="N",
+                       help="generated ids are below N; a prompt id >= N kills the engine, "
+                            "as it kills a real one")
+    model.add_argument("--eos-token-id", type=int, default=None, metavar="ID",
+                       help="the fake model's end-of-sequence token (default: none, the "
+                            "model never emits one)")
+    model.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
+                       help="K > 0: each step emits 1 to 1+K tokens per request")
+    model.add_argument("--seed", type=int, default=0,
+                       help="seed of unseeded random sampling")
     model.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=True)
+                       default=True,
+                       help="report cached prompt prefixes in the prefill stats")
     model.add_argument("--log-stats", action=argparse.BooleanOptionalAction, default=True,
                        help="scheduler stats and events (--no-log-stats: like "
                             "--disable-log-stats)")
-    model.add_argument("--vllm-version", default="0.32.0")
-    model.add_argument("--output-fields", type=int, choices=(18, 19), default=18)
+    model.add_argument("--vllm-version", default="0.32.0", metavar="VERSION",
+                       help="vLLM version reported in the ready response")
+    model.add_argument("--output-fields", type=int, choices=(18, 19), default=18,
+                       help="EngineCoreOutput layout: 18 fields (vLLM 0.32) or 19 (0.33)")
     model.add_argument("--keep-history", action=argparse.BooleanOptionalAction, default=False,
                        help="record every request (memory grows with the run)")
     faults = parser.add_argument_group("faults")
-    faults.add_argument("--ready-delay", type=float, default=0.0)
-    faults.add_argument("--dead-after-steps", type=int, default=None)
-    faults.add_argument("--silent-after-steps", type=int, default=None)
-    faults.add_argument("--garbage-after-steps", type=int, default=None)
-    faults.add_argument("--late-outputs-after-abort", type=int, default=0)
-    faults.add_argument("--preempt-every", type=int, default=None)
-    faults.add_argument("--abort-on-shutdown", action="store_true")
+    faults.add_argument("--ready-delay", type=float, default=0.0, metavar="SECONDS",
+                        help="wait between INIT and registering (a model loading)")
+    faults.add_argument("--dead-after-steps", type=int, default=None, metavar="N",
+                        help="send ENGINE_CORE_DEAD after N steps and exit 1 (default: "
+                             "never)")
+    faults.add_argument("--silent-after-steps", type=int, default=None, metavar="N",
+                        help="stop reading input and stepping after N steps, staying alive "
+                             "(default: never)")
+    faults.add_argument("--garbage-after-steps", type=int, default=None, metavar="N",
+                        help="send one undecodable message after N steps (default: never)")
+    faults.add_argument("--late-outputs-after-abort", type=int, default=0, metavar="N",
+                        help="token outputs still sent for a request after its ABORT")
+    faults.add_argument("--preempt-every", type=int, default=None, metavar="N",
+                        help="preempt the newest running request every N steps (default: "
+                             "never)")
+    faults.add_argument("--abort-on-shutdown", action="store_true",
+                        help="on SIGINT/SIGTERM, finish every request with ABORT first, "
+                             "like a real EngineCore process")
     run = parser.add_argument_group("runtime")
-    run.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
-    run.add_argument("--uvloop", action="store_true", help="asyncio backend with uvloop")
+    run.add_argument("--once", action="store_true",
+                     help="exit (status 0) when the first client leaves, instead of serving "
+                          "the next one")
+    run.add_argument("--handshake-timeout", type=float, default=None, metavar="SECONDS",
+                     help="exit 1 if no front end sends INIT this long after HELLO (default: "
+                          "wait as long as it takes; a real engine gives up after 300)")
+    run.add_argument("--backend", choices=BACKENDS, default="asyncio",
+                     help="event loop to run on")
+    run.add_argument("--uvloop", action="store_true",
+                     help="the same as --backend uvloop")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
+    """The engine configuration; raises :class:`ValueError` naming a bad option."""
     return MockEngineConfig(
         rank=args.rank,
         handshake_address=args.handshake_address,
@@ -91,6 +147,9 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         vllm_version=args.vllm_version,
         output_fields=args.output_fields,
         keep_history=args.keep_history,
+        handshake_timeout=(math.inf if args.handshake_timeout is None
+                           else args.handshake_timeout),
+        until_client_leaves=True,
         faults=MockFaults(
             ready_delay=args.ready_delay,
             dead_after_steps=args.dead_after_steps,
@@ -103,32 +162,79 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
     )
 
 
-async def _run(config: MockEngineConfig) -> int:
-    engine = MockEngine(config)
-    async with anyio.create_task_group() as tg:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+class _Say:
+    """One line on stderr per event, prefixed with the program and the rank."""
 
-            async def stop_on_signal() -> None:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    return
+    def __init__(self, prog: str, rank: int) -> None:
+        self._prefix = f"{prog} (rank {rank}): "
 
-            tg.start_soon(stop_on_signal)
-            await engine.serve()
-            tg.cancel_scope.cancel()  # the engine died: stop watching signals
-    return 1 if engine.dead else 0
+    def __call__(self, text: str) -> None:
+        print(self._prefix + text, file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class _OnReady:
+    """The ``task_status`` :meth:`MockEngine.serve` reports READY to: says so on stderr."""
+
+    def __init__(self, say: _Say, text: str) -> None:
+        self._say = say
+        self._text = text
+
+    def started(self, value: None = None) -> None:
+        self._say(self._text)
+
+
+async def _serve_clients(config: MockEngineConfig, *, once: bool, say: _Say) -> int:
+    """Serve one client after another, each with a fresh engine (``--once``: one)."""
+    if config.handshake_address is not None:
+        where = f"handshake {config.handshake_address}"
+        connected = f"client connected ({where})"
+    else:
+        where = f"input {config.input_address}"
+        connected = f"registered with the front end at {where} (bootstrapped)"
+    waiting = "waiting for a client"
+    while True:
+        say(f"{waiting} (dialing {where})")
+        engine = MockEngine(config)
+        await engine.serve(task_status=_OnReady(say, connected))
+        if engine.dead:
+            reason = engine.errors[-1] if engine.errors else "unknown"  # why it died
+            say(f"engine died ({reason}): sent ENGINE_CORE_DEAD, exiting")
+            return 1
+        if once:
+            say("client left; exiting (--once)")
+            return 0
+        say("client left")
+        waiting = "waiting for the next client"
+
+
+async def _run(config: MockEngineConfig, once: bool, say: _Say) -> int:
+    async with interruptible():
+        return await _serve_clients(config, once=once, say=say)
+    return 0  # SIGINT or SIGTERM
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the engine, return the exit status."""
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(None if argv is None else list(argv))
+    if args.uvloop and args.backend == "asyncio":
+        args.backend = "uvloop"
     try:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    backend_options = {"use_uvloop": True} if args.uvloop and args.backend == "asyncio" else {}
+    require_backend(prog, args.backend)
+    backend, options = anyio_run_arguments(args.backend)
+    say = _Say(prog, config.rank)
     try:
-        return anyio.run(_run, config, backend=args.backend, backend_options=backend_options)
+        return anyio.run(_run, config, args.once, say, backend=backend,
+                         backend_options=options)
     except KeyboardInterrupt:  # a signal before the receiver was installed
         return 0
+    except HandshakeTimeoutError:
+        say(f"error: no front end sent INIT within {args.handshake_timeout:g} s "
+            f"(--handshake-timeout)")
+        return 1
+    except GenoutError as exc:
+        say(f"error: {exc}")
+        return 1

@@ -94,6 +94,14 @@ class MockEngineConfig:
 
     ``keep_history``: record every decoded request in :attr:`MockEngine.received` (and the
     id lists); switch off for long benchmark runs.
+
+    Serving: ``handshake_timeout`` bounds the wait for INIT after HELLO (a real engine waits
+    5 minutes; ``math.inf`` waits for a front end as long as it takes). With
+    ``until_client_leaves``, :meth:`MockEngine.serve` returns (normally, with
+    ``client_left`` set) once the front end's input socket goes away: its process closed it
+    or died. ``python -m anyio_genout.mock`` uses it to serve clients one after another, a
+    fresh engine for each. A real engine handshakes once per process and never notices its
+    front end leaving.
     """
 
     rank: int = attrs.field(default=0, validator=_non_negative)
@@ -118,6 +126,7 @@ class MockEngineConfig:
     seed: int = 0
     keep_history: bool = True
     handshake_timeout: float = attrs.field(default=300.0, validator=_non_negative)
+    until_client_leaves: bool = False
     linger: float = attrs.field(default=4.0, validator=_non_negative)
     faults: MockFaults = attrs.field(factory=MockFaults)
 

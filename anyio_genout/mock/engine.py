@@ -10,7 +10,9 @@ out-of-vocabulary token, a deaf input thread after a malformed message). Tokens 
 
 It runs as one task (no threads): drain all queued input, run one step, yield to the event
 loop, repeat (as its own process, with no step time, it takes ``steps_per_checkpoint``
-steps per yield and input read). Plain decode rows (no logprobs, events or finish) are
+steps per yield and input read). With ``until_client_leaves`` a second task watches the
+input socket's connection (a ZeroMQ socket monitor) and ends :meth:`MockEngine.serve` when
+the front end goes away. Plain decode rows (no logprobs, events or finish) are
 packed straight into msgpack bytes from per-request prefixes, so the mock is never the
 bottleneck of a client.
 
@@ -37,7 +39,7 @@ import anyio.lowlevel
 import msgpack
 import zmq
 
-from ..errors import HandshakeError, HandshakeTimeoutError, ProtocolError
+from ..errors import HandshakeError, HandshakeTimeoutError, OperationalError, ProtocolError
 from ..protocol import (
     AbortRequest,
     AddRequest,
@@ -50,7 +52,7 @@ from ..protocol import (
     encode_ready_response,
     encode_status,
 )
-from ..transport import ZmqSocket, new_context
+from ..transport import MonitorEvent, ZmqSocket, new_context
 from .config import MockEngineConfig
 from .scheduler import Pause
 from .step import Stepper
@@ -64,6 +66,12 @@ Received = AddRequest | AbortRequest | UtilityRequest
 _GARBAGE: Final = b"\xc1"  # the one byte msgpack never uses
 _PAUSE_MODES: Final = ("abort", "wait", "keep")
 _DEFERRED: Final = object()  # a utility whose reply waits for the engine to drain
+#: Seconds READY may take to leave once the handshake socket is closed after it (only a
+#: peer that is gone takes longer; closing the engine's context waits that long for it).
+_READY_LINGER: Final = 0.5
+#: Input-socket events that tell the front end is gone (until_client_leaves).
+_CLIENT_EVENTS: Final = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                         | zmq.EVENT_CONNECT_RETRIED)
 
 
 class MockEngine(Stepper):
@@ -77,7 +85,9 @@ class MockEngine(Stepper):
     * ``running_ids``, ``waiting_ids``; ``steps`` (steps that generated tokens);
     * ``errors``: protocol violations and fatal conditions it detected;
     * ``last_stats``: the last ``SchedulerStats`` sent (log stats on);
-    * ``dead`` (sent ``ENGINE_CORE_DEAD``), ``deaf`` (stopped reading input), ``silent``.
+    * ``dead`` (sent ``ENGINE_CORE_DEAD``), ``deaf`` (stopped reading input), ``silent``;
+    * ``client_left``: with ``until_client_leaves``, the front end went away and
+      :meth:`serve` returned.
     """
 
     def __init__(self, config: MockEngineConfig) -> None:
@@ -86,6 +96,7 @@ class MockEngine(Stepper):
         self.deaf = False
         self.silent = False
         self.ready = False
+        self.client_left = False
         self._sleep_level = 0
         self._pending_pauses: list[tuple[int, int, Callable[[], None] | None]] = []
         self._garbage_sent = False
@@ -95,6 +106,7 @@ class MockEngine(Stepper):
         self._context: zmq.Context[Any] | None = None
         self._handshake: ZmqSocket | None = None
         self._input: ZmqSocket | None = None
+        self._input_monitor: ZmqSocket | None = None
 
     # ------------------------------------------------------------------ observable state
 
@@ -121,7 +133,13 @@ class MockEngine(Stepper):
         """Connect (handshake or bootstrap), then serve until cancelled or dead.
 
         ``task_status.started()`` fires once READY (bootstrapped: the registration) was sent.
-        Returns after sending ``ENGINE_CORE_DEAD``. Sockets are closed on every exit path.
+        Returns after sending ``ENGINE_CORE_DEAD``, or (``until_client_leaves``) once the
+        front end went away, with ``client_left`` set. Sockets are closed on every exit path.
+
+        Raises :class:`~anyio_genout.errors.HandshakeTimeoutError` when no INIT arrives
+        within ``handshake_timeout``, :class:`~anyio_genout.errors.HandshakeError` (or
+        :class:`~anyio_genout.errors.ProtocolError`) on an undecodable INIT, and
+        :class:`~anyio_genout.errors.TransportError` on an address ZeroMQ refuses.
         """
         if self._served:
             raise RuntimeError("MockEngine.serve() can run only once")
@@ -131,18 +149,57 @@ class MockEngine(Stepper):
             await self._connect()
             self.ready = True
             task_status.started()
-            try:
-                await self._loop()
-            except anyio.get_cancelled_exc_class():
-                if self.config.faults.abort_on_shutdown and not self.dead:
-                    self._abort_everything(shutdown=True)
-                raise
+            monitor = self._input_monitor
+            if monitor is None:
+                await self._run()
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watch_client, monitor, tg.cancel_scope)
+                    await self._run()
+                    tg.cancel_scope.cancel()  # dead: stop watching
         finally:
             with anyio.CancelScope(shield=True):
-                await self._flush_tracked()
+                if not self.client_left:  # else nobody is there to receive them
+                    await self._flush_tracked()
             self._close()
 
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except anyio.get_cancelled_exc_class():
+            if (self.config.faults.abort_on_shutdown and not self.dead
+                    and not self.client_left):
+                self._abort_everything(shutdown=True)
+            raise
+
+    async def _watch_client(self, monitor: ZmqSocket, scope: anyio.CancelScope) -> None:
+        """Cancel ``scope`` (the serve loop) once the front end's input socket is gone.
+
+        Gone is a disconnect (the front end closed its sockets or its process died), or,
+        in dial mode, a refused connection before the first ZeroMQ handshake: the front end
+        bound its input socket before it sent INIT, so it left before the engine connected.
+        """
+        handshaken = False
+        while True:
+            try:
+                frames = await monitor.receive()
+            except (anyio.ClosedResourceError, OperationalError):
+                return
+            event = MonitorEvent.parse(frames)
+            if event is None:
+                continue
+            if event.event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                handshaken = True
+            elif event.event == zmq.EVENT_DISCONNECTED:
+                break
+            elif not handshaken and self.config.handshake_address is not None:
+                break  # EVENT_CONNECT_RETRIED: refused
+        self.client_left = True
+        scope.cancel()
+
     def _close(self) -> None:
+        if self._input_monitor is not None:
+            self._input_monitor.close()  # before the socket it watches
         for sock in (self._handshake, self._input, *self._outputs):
             if sock is not None:
                 sock.close()
@@ -174,6 +231,8 @@ class MockEngine(Stepper):
         if cfg.faults.ready_delay:
             await anyio.sleep(cfg.faults.ready_delay)  # "loading the model"
         inp = self._input = ZmqSocket(ctx, zmq.DEALER, identity=identity)
+        if cfg.until_client_leaves:
+            self._input_monitor = inp.monitor(_CLIENT_EVENTS)
         inp.connect(input_address)
         await inp.send([self._ready_payload()])
         for address in output_addresses:
@@ -183,6 +242,13 @@ class MockEngine(Stepper):
         if self._handshake is not None:
             await self._handshake.send([encode_status(
                 StatusMessage(EngineStatus.READY, local=False, headless=True))])
+            if cfg.until_client_leaves:
+                # Done with, as a real engine is after READY. Left open, the socket would
+                # reconnect to the next front end that binds the address while this one is
+                # served: when this engine closes and the next one dials in with the same
+                # identity, that front end's ROUTER can take the next HELLO for the routing
+                # id of the clash and never see it.
+                self._handshake.close(linger=_READY_LINGER)
 
     def _ready_payload(self) -> bytes:
         cfg = self.config
