@@ -160,3 +160,25 @@ async def test_discard_wakes_a_parked_consumer() -> None:
             await anyio.wait_all_tasks_blocked()
             box.discard()
     assert got == [] and box.closed and box.waiter is None
+
+
+async def test_a_waiter_cancelled_a_moment_ago_does_not_block_the_next() -> None:
+    """Cancelled, but not yet run since: that waiter is leaving, so a new one may park (on
+    asyncio its cancelled future is still in the slot until it runs)."""
+    box = mailbox_factory()()
+    async with anyio.create_task_group() as tg:
+        scope_a = await tg.start(_park_once, box)
+        await anyio.wait_all_tasks_blocked()
+        scope_a.cancel()
+        tg.start_soon(_put_soon, box)  # puts once A has left
+        with anyio.fail_after(5):
+            # No BusyResourceError: the slot is free; and A, leaving, must not clear this
+            # registration, or the put would not wake us.
+            await box.wait()
+        assert box.waiter is None
+    assert len(box.items) == 2
+
+
+async def _put_soon(box: OutputMailbox) -> None:
+    await anyio.wait_all_tasks_blocked()
+    _put(box, 1)
