@@ -6,4 +6,4 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m anyio_genout.bench"))

@@ -9,6 +9,11 @@ Three entry points share this module::
 A run writes ``bench-results/bench.json`` and ``bench-results/bench.png`` and prints the
 table, the ratios to the floor and to vLLM (when ``bench-results/vllm.json`` exists) and
 PASS/MISS for every target.
+
+Measuring needs the ``bench`` extra (psutil; matplotlib for the plot, pyinstrument for
+``--profile``): without it a run says so in one line and exits with status 2, and so does a
+backend named in ``--backends`` whose library (uvloop, trio) is missing. ``--help`` and
+``bench report`` need no extra (``report`` skips the plot without matplotlib).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .measure import wait_until_quiet
+from ..cli.backends import extra_message, importable, missing_backend
+from ..cli.helpformat import HelpFormatter
 from .spec import (
     BACKENDS,
     DEFAULT_CONCURRENCY,
@@ -35,8 +41,11 @@ from .spec import (
     tokens_for,
 )
 
-__all__ = ["build_parser", "main", "plan", "plan_vllm"]
+__all__ = ["DEFAULT_PROG", "build_parser", "build_report_parser", "build_vllm_parser", "main",
+           "plan", "plan_vllm"]
 
+#: The program name ``--help`` shows when run as ``anyio-genout bench``.
+DEFAULT_PROG: Final = "anyio-genout bench"
 DEFAULT_DIR: Final = "bench-results"
 GC_NOTE: Final = ("gc.freeze() after start-up and warm-up in every client process (ours, "
                   "floor, vLLM); the collector stays enabled for objects made later")
@@ -61,54 +70,64 @@ def _csv(kind: type, choices: Sequence[str] | None = None) -> Any:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="anyio-genout bench",
+        prog=prog, formatter_class=HelpFormatter,
         description="Benchmark the client against a mock engine core in its own process: "
                     "delivered tokens/s, client CPU per token, latency, churn, memory; with "
                     "a bare floor client and (from `nox -s bench-vllm`) vLLM's AsyncLLM as "
-                    "reference points. `anyio-genout bench vllm --help` and `anyio-genout "
-                    "bench report --help` describe the other two modes.")
-    _add_common(parser)
-    parser.add_argument("--backends", type=_csv(str, BACKENDS), default=list(BACKENDS),
-                        help="comma-separated backends of ours (default: all three)")
+                    f"reference points. `{prog} vllm --help` and `{prog} report --help` "
+                    "describe the other two modes. Needs the 'bench' extra: pip install "
+                    "'anyio-genout[bench]'.")
+    _add_common(parser, "bench.json", 2)
+    parser.add_argument("--backends", type=_csv(str, BACKENDS), default=None,
+                        metavar="LIST",
+                        help=f"comma-separated backends of ours, of {', '.join(BACKENDS)} "
+                             "(default: those installed; uvloop and trio come with their "
+                             "extras)")
     parser.add_argument("--no-floor", dest="floor", action="store_false",
-                        help="skip the bare floor client")
-    parser.add_argument("--vllm-results", default=None,
-                        help="vLLM reference figures (default: bench-results/vllm.json "
-                             "next to --output, if present)")
-    parser.add_argument("--plot", default=None,
-                        help="PNG path (default: next to --output, bench.png)")
-    parser.add_argument("--no-plot", action="store_true", help="write no PNG")
+                        help="skip the bare floor client (default: run it)")
+    parser.add_argument("--vllm-results", default=None, metavar="PATH",
+                        help="vLLM reference figures (default: vllm.json next to --output, "
+                             "if present)")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="PNG path (default: --output with .png)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="write no PNG (default: write one if matplotlib is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="run ours under pyinstrument and write a profile per cell into "
                              "DIR (slower: the figures are marked profiled and count for "
-                             "no target; the default --output becomes profile.json)")
+                             "no target; the default --output becomes profile.json) "
+                             "(default: no profiling)")
     return parser
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, output: str, retries: int) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: small shapes, one round each (seconds, not minutes)")
     parser.add_argument("--workloads", type=_csv(str, WORKLOADS), default=None,
-                        help=f"comma-separated subset of {', '.join(WORKLOADS)}")
-    parser.add_argument("--concurrency", type=_csv(int), default=None,
-                        help="throughput concurrency levels (default 1,64,256,1024; "
-                             "quick: 1,64)")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds of measured rounds per cell at least (default 1.0)")
-    parser.add_argument("--output", default=None, help="JSON results path")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds before a cell is given up (default 300)")
-    parser.add_argument("--settle", type=float, default=None,
+                        metavar="LIST",
+                        help=f"comma-separated subset of {', '.join(WORKLOADS)} (default: "
+                             f"all)")
+    parser.add_argument("--concurrency", type=_csv(int), default=None, metavar="LIST",
+                        help="throughput concurrency levels (default: "
+                             f"{','.join(map(str, DEFAULT_CONCURRENCY))}; quick: 1,64)")
+    parser.add_argument("--min-time", type=float, default=None, metavar="SECONDS",
+                        help="seconds of measured rounds per cell at least (default: 1.0; "
+                             "quick: 0)")
+    parser.add_argument("--output", default=None, metavar="PATH",
+                        help=f"JSON results path (default: {DEFAULT_DIR}/{output})")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="seconds before a cell is given up")
+    parser.add_argument("--settle", type=float, default=None, metavar="SECONDS",
                         help="before each cell, wait up to this many seconds until other "
-                             "processes use under --quiet cores (default 20; quick: 0)")
-    parser.add_argument("--quiet", type=float, default=0.2,
-                        help="other processes' CPU, in cores, that counts as quiet (0.2)")
-    parser.add_argument("--retries", type=int, default=None,
+                             "processes use under --quiet cores (default: 20; quick: 0)")
+    parser.add_argument("--quiet", type=float, default=0.2, metavar="CORES",
+                        help="other processes' CPU, in cores, that counts as quiet")
+    parser.add_argument("--retries", type=int, default=None, metavar="N",
                         help="run a cell again (after settling) while other processes used "
                              "more than twice --quiet cores during it; the quietest attempt "
-                             "is kept (default 2; quick: 0)")
+                             f"is kept (default: {retries}; quick: 0)")
 
 
 def plan(*, workloads: Sequence[str], backends: Sequence[str], concurrency: Sequence[int],
@@ -262,16 +281,38 @@ def _write_plot(results: list[Result], vllm: list[Result] | None, path: str,
                  f"mock engine over TCP loopback; GC frozen after start-up")
         return plot(results, vllm, path, title)
     except ImportError:
-        print("bench: matplotlib is not installed: no plot (pip install "
-              "'anyio-genout[bench]')", file=sys.stderr)
+        print(f"{extra_message('the plot', 'bench')} (no PNG written)", file=sys.stderr)
         return None
 
 
-def run_main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
+def _missing_extras(prog: str, args: argparse.Namespace) -> str | None:
+    """The one line to exit with if this run needs a library that is not installed."""
+    if not importable("psutil"):  # every meter reads the processes' CPU through it
+        return extra_message(prog, "bench")
+    if getattr(args, "profile", None) and not importable("pyinstrument"):
+        return extra_message(f"{prog} --profile", "bench")
+    for backend in getattr(args, "backends", None) or ():
+        message = missing_backend(prog, backend, "--backends")
+        if message is not None:
+            return message
+    for loop in getattr(args, "loops", None) or ():
+        message = missing_backend(prog, loop, "--loops")
+        if message is not None:
+            return message
+    return None
+
+
+def run_main(argv: Sequence[str], prog: str = DEFAULT_PROG) -> int:
+    args = build_parser(prog).parse_args(argv)
+    missing = _missing_extras(prog, args)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    from .measure import wait_until_quiet
+
     workloads = args.workloads or list(WORKLOADS)
     concurrency = args.concurrency or ([1, 64] if args.quick else list(DEFAULT_CONCURRENCY))
-    backends = _available(args.backends)
+    backends = args.backends or _available(prog, BACKENDS)
     cells = plan(workloads=workloads, backends=backends, concurrency=concurrency,
                  quick=args.quick, floor=args.floor, min_time=args.min_time,
                  profile=args.profile)
@@ -335,17 +376,14 @@ def _profile_text(result: Result, summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _available(backends: Sequence[str]) -> list[str]:
+def _available(prog: str, backends: Sequence[str]) -> list[str]:
+    """The default backends that are installed; one line for each one skipped."""
     found = []
     for backend in backends:
-        module = {"uvloop": "uvloop", "trio": "trio"}.get(backend)
-        if module is not None:
-            try:
-                __import__(module)
-            except ImportError:
-                print(f"bench: {module} is not installed: skipping the {backend} backend",
-                      file=sys.stderr)
-                continue
+        message = missing_backend(prog, backend, "--backends")
+        if message is not None:
+            print(f"{prog}: skipping the {backend} backend ({message})", file=sys.stderr)
+            continue
         found.append(backend)
     return found
 
@@ -353,18 +391,20 @@ def _available(backends: Sequence[str]) -> list[str]:
 # ---------------------------------------------------------------------------- vLLM
 
 
-def build_vllm_parser() -> argparse.ArgumentParser:
+def build_vllm_parser(prog: str = f"{DEFAULT_PROG} vllm") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="anyio-genout bench vllm",
+        prog=prog, formatter_class=HelpFormatter,
         description="Measure vLLM's AsyncLLM (external engine: the same mock engine) on the "
                     "throughput, churn and latency workloads; needs vLLM (`nox -s "
                     "bench-vllm` runs this in the interop environment).")
-    _add_common(parser)
+    _add_common(parser, "vllm.json", 1)
     parser.add_argument("--model", default=os.environ.get("ANYIO_GENOUT_VLLM_MODEL"),
+                        metavar="DIR",
                         help="model folder (default: $ANYIO_GENOUT_VLLM_MODEL)")
     parser.add_argument("--loops", type=_csv(str, ("asyncio", "uvloop")),
-                        default=["asyncio", "uvloop"], help="event loops to run AsyncLLM on")
-    parser.add_argument("--results", default=None,
+                        default=["asyncio", "uvloop"], metavar="LIST",
+                        help="event loops to run AsyncLLM on (default: asyncio,uvloop)")
+    parser.add_argument("--results", default=None, metavar="PATH",
                         help="our results to print the combined table with (default: "
                              "bench.json next to --output, if present)")
     return parser
@@ -377,11 +417,17 @@ def plan_vllm(*, workloads: Sequence[str], concurrency: Sequence[int], quick: bo
     return [CellSpec.from_json({**c.to_json(), "impl": "vllm"}) for c in cells]
 
 
-def vllm_main(argv: Sequence[str]) -> int:
-    args = build_vllm_parser().parse_args(argv)
+def vllm_main(argv: Sequence[str], prog: str = f"{DEFAULT_PROG} vllm") -> int:
+    args = build_vllm_parser(prog).parse_args(argv)
     if not args.model:
-        print("bench vllm: give --model (or set ANYIO_GENOUT_VLLM_MODEL)", file=sys.stderr)
+        print(f"{prog}: give --model (or set ANYIO_GENOUT_VLLM_MODEL)", file=sys.stderr)
         return 2
+    missing = _missing_extras(prog, args)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    from .measure import wait_until_quiet
+
     workloads = args.workloads or ["throughput", "latency", "churn"]
     concurrency = args.concurrency or ([1, 64] if args.quick else list(DEFAULT_CONCURRENCY))
     output = args.output or str(Path(DEFAULT_DIR) / "vllm.json")
@@ -459,17 +505,25 @@ def _run_vllm_group(specs: list[CellSpec], model: str, loop: str, timeout: float
 # ---------------------------------------------------------------------------- report
 
 
-def report_main(argv: Sequence[str]) -> int:
+def build_report_parser(prog: str = f"{DEFAULT_PROG} report") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="anyio-genout bench report",
+        prog=prog, formatter_class=HelpFormatter,
         description="Print the table of a saved run, with vLLM's figures when present, and "
                     "redraw its plot.")
-    parser.add_argument("--results", default=str(Path(DEFAULT_DIR) / "bench.json"))
-    parser.add_argument("--vllm-results", default=None,
-                        help="default: vllm.json next to --results, if present")
-    parser.add_argument("--plot", default=None, help="PNG path (default: next to --results)")
-    parser.add_argument("--no-plot", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--results", default=str(Path(DEFAULT_DIR) / "bench.json"),
+                        metavar="PATH", help="the saved run (rewritten with the ratios)")
+    parser.add_argument("--vllm-results", default=None, metavar="PATH",
+                        help="vLLM reference figures (default: vllm.json next to "
+                             "--results, if present, else the run's own)")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="PNG path (default: --results with .png)")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="write no PNG (default: write one if matplotlib is installed)")
+    return parser
+
+
+def report_main(argv: Sequence[str], prog: str = f"{DEFAULT_PROG} report") -> int:
+    args = build_report_parser(prog).parse_args(argv)
     data = json.loads(Path(args.results).read_text())
     results: list[Result] = data.get("results", [])
     vllm, _ = _load_vllm(args.vllm_results or str(Path(args.results).parent / "vllm.json"))
@@ -488,11 +542,11 @@ def report_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
     """``anyio-genout bench [vllm|report] ...``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "vllm":
-        return vllm_main(args[1:])
+        return vllm_main(args[1:], f"{prog} vllm")
     if args and args[0] == "report":
-        return report_main(args[1:])
-    return run_main(args)
+        return report_main(args[1:], f"{prog} report")
+    return run_main(args, prog)
