@@ -49,8 +49,12 @@ logger = logging.getLogger("anyio_genout.generate")
 class GenerateStream:
     """A request in flight: an async context manager and an async iterator of outputs.
 
-    Iterate it from one task: a second task that waits for an output while another one does
-    gets :class:`anyio.BusyResourceError` at once.
+    Entering sends the request; it raises, with nothing sent,
+    :class:`~anyio_genout.InvalidRequestError` (a bad field),
+    :class:`~anyio_genout.DuplicateRequestIdError` (a live request has the id, or, with
+    ``randomize_request_ids=False``, an aborted one whose late outputs may still come) or
+    the client's sticky health error. Iterate it from one task: a second task that waits for
+    an output while another one does gets :class:`anyio.BusyResourceError` at once.
     """
 
     __slots__ = ("_aborted", "_client", "_done", "_engine_request", "_entered", "_external_id",
