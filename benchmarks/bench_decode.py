@@ -31,7 +31,7 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from anyio_genout.protocol.outputs import (
+from anyio_genout.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     RequestBatch,

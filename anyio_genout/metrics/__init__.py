@@ -6,6 +6,11 @@
   :meth:`~RequestTracker.record_finished` once.
 * :func:`log_stats_periodically` — an optional task logging throughput and queue state.
 * :mod:`.buckets` — vLLM's histogram bucket boundaries.
+
+Modules: :mod:`.core` (:class:`Metrics`), :mod:`.tracker` (:class:`RequestTracker`),
+:mod:`.series` (one engine's recorded values), :mod:`.histogram` (a histogram as plain
+numbers, folded in batches), :mod:`.exposition` (the collector building the families),
+:mod:`.labels` (label names and values), :mod:`.buckets`, :mod:`.logger`.
 """
 
 from .buckets import (
@@ -17,16 +22,11 @@ from .buckets import (
     build_1_2_5_buckets,
     build_buckets,
 )
+from .core import Metrics
+from .labels import FINISHED_REASONS, PROMPT_TOKEN_SOURCES, WAITING_REASONS, finish_reason_label
 from .logger import StatsSummary, log_stats_periodically, summarize_stats
-from .request import (
-    FINISHED_REASONS,
-    PROMPT_TOKEN_SOURCES,
-    WAITING_REASONS,
-    EngineTotals,
-    Metrics,
-    RequestTracker,
-    finish_reason_label,
-)
+from .series import EngineTotals
+from .tracker import RequestTracker
 
 __all__ = [
     "FINISHED_REASONS",

@@ -23,7 +23,8 @@ import anyio
 import attrs
 from anyio.abc import TaskStatus
 
-from .request import EngineTotals, Metrics
+from .core import Metrics
+from .series import EngineTotals
 
 __all__ = ["StatsSummary", "log_stats_periodically", "summarize_stats"]
 

@@ -6,7 +6,8 @@ zmq: the I/O shell lives in :mod:`anyio_genout.transport` and :mod:`anyio_genout
 
 Modules: :mod:`.arrays` (numeric arrays and aux frames), :mod:`.packing` (msgpack),
 :mod:`.sampling` (SamplingParams and its validation), :mod:`.requests` (ADD/ABORT/UTILITY),
-:mod:`.outputs` (EngineCoreOutputs), :mod:`.logprobs`, :mod:`.handshake`.
+:mod:`.outputs` (the EngineCoreOutputs types), :mod:`.output_decode` and :mod:`.output_encode`
+(its two directions), :mod:`.logprobs`, :mod:`.handshake`.
 """
 
 from .arrays import INLINE_THRESHOLD, decode_array, encode_array
@@ -27,8 +28,11 @@ from .handshake import (
     identity_rank,
 )
 from .logprobs import LogprobEntry, LogprobPosition, Logprobs, SamplingMask
+from .output_decode import decode_batch_or_other, decode_outputs
+from .output_encode import encode_outputs
 from .outputs import (
     ENGINE_CORE_DEAD,
+    FINISH_REASON_LABELS,
     BatchFields,
     Classified,
     DpControl,
@@ -44,9 +48,7 @@ from .outputs import (
     SchedulerStats,
     UtilityOutput,
     UtilityReply,
-    decode_batch_or_other,
-    decode_outputs,
-    encode_outputs,
+    finish_reason_label,
 )
 from .requests import (
     AbortRequest,
@@ -63,8 +65,8 @@ from .requests import (
 from .sampling import SamplingParams
 
 __all__ = [
-    "ENGINE_CORE_DEAD", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS", "AbortRequest",
-    "AddRequest", "BatchFields", "Classified", "DpControl", "EngineCoreEvent",
+    "ENGINE_CORE_DEAD", "FINISH_REASON_LABELS", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS",
+    "AbortRequest", "AddRequest", "BatchFields", "Classified", "DpControl", "EngineCoreEvent",
     "EngineCoreEventType", "EngineCoreFinishReason", "EngineCoreOutput",
     "EngineCoreOutputs", "EngineCoreReadyResponse", "EngineCoreRequest", "EngineDead",
     "EngineStatus", "HandshakeAddresses", "LoRARequest", "LogprobEntry", "LogprobPosition",
@@ -74,5 +76,5 @@ __all__ = [
     "decode_batch_or_other", "decode_outputs", "decode_ready_response", "decode_request",
     "decode_status", "encode_abort", "encode_add", "encode_array", "encode_init",
     "encode_outputs", "encode_ready_response", "encode_status", "encode_utility",
-    "engine_identity", "identity_rank",
+    "engine_identity", "finish_reason_label", "identity_rank",
 ]

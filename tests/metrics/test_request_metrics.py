@@ -140,6 +140,36 @@ def test_tracker_updates_timing_state_across_prefill_decode_and_finish() -> None
     assert value(metrics, "vllm:num_preemptions_total", 2) == 1
 
 
+def test_each_finished_request_value_lands_in_its_own_histogram() -> None:
+    """Thirteen values are queued per finished request and folded in by column: every value
+    here is distinct (but the two that are the same by definition), so a value filed under
+    another histogram's column shows."""
+    metrics = Metrics(model_name="m")
+    tracker = metrics.tracker(engine_index=0, arrival_time=100.0, prompt_len=64, max_tokens=128)
+    tracker.observe_output(4.0, 100.5, output([1], (QUEUED, 2.25), (SCHEDULED, 2.5),
+                                              prefill=PrefillStats(64, 60, 4)))
+    tracker.observe_output(5.0, 101.0, output([2, 3, 4], (PREEMPTED, 4.5)))
+    tracker.observe_output(7.5, 101.5, output([5, 6, 7, 8], (PREEMPTED, 6.0)))
+    tracker.record_finished(109.75, "stop")
+    expected_sums = {
+        "vllm:e2e_request_latency_seconds": 9.75,
+        "vllm:request_queue_time_seconds": 0.25,
+        "vllm:request_prefill_time_seconds": 1.5,
+        "vllm:request_decode_time_seconds": 3.5,
+        "vllm:request_inference_time_seconds": 5.0,
+        "vllm:request_time_per_output_token_seconds": 0.5,  # 3.5 / (8 - 1)
+        "vllm:request_prompt_tokens": 64,
+        "vllm:request_generation_tokens": 8,
+        "vllm:request_max_num_generation_tokens": 8,  # = generation tokens, as in vLLM
+        "vllm:request_params_max_tokens": 128,
+        "vllm:request_params_n": 1,
+        "vllm:request_prefill_kv_computed_tokens": 60,
+        "vllm:request_num_preemptions": 2,
+    }
+    got = {name: value(metrics, name + "_sum", 0) for name in expected_sums}
+    assert got == expected_sums
+
+
 def test_initial_tracker_state() -> None:
     tracker = Metrics().tracker(engine_index=7, arrival_time=3.0, prompt_len=5, max_tokens=None)
     assert (tracker.engine_index, tracker.arrival_time, tracker.prompt_len,

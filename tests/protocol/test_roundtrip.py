@@ -57,7 +57,7 @@ from anyio_genout.protocol import (
     encode_ready_response,
     encode_status,
 )
-from anyio_genout.protocol.outputs import _decode_output
+from anyio_genout.protocol.output_decode import _decode_output
 from anyio_genout.protocol.packing import pack, unpack
 
 from ._hyp import fuzz_settings
