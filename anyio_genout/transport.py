@@ -138,6 +138,21 @@ class ZmqSocket:
             raise TransportError(f"cannot monitor ZeroMQ socket: {exc}") from None
         return ZmqSocket._adopt(pair)
 
+    def set_heartbeat(self, interval: float, timeout: float) -> None:
+        """Ping every peer connection each ``interval`` seconds (ZMTP PING; any libzmq peer
+        answers by itself) and close a connection that receives nothing for ``timeout``
+        seconds, as a socket monitor then reports. A peer that vanished without closing its
+        TCP connection (host gone, network cut, process stopped) is seen as one that left.
+
+        Set it before binding or connecting: it applies to connections made afterwards.
+        Raises :class:`TransportError` if ZeroMQ refuses the options.
+        """
+        try:
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, round(interval * 1000)))
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, round(timeout * 1000)))
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot set ZeroMQ heartbeats: {exc}") from None
+
     @property
     def raw(self) -> zmq.Socket[Any]:
         """The pyzmq socket, for options; do not send or receive on it directly."""

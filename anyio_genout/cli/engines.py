@@ -181,8 +181,16 @@ class ClientSession:
                 self.mock_engines.append(engine)
                 tg.start_soon(engine.serve)
         if engines is None:
-            return await self._stack.enter_async_context(Client.connect(config))
+            client = await self._stack.enter_async_context(Client.connect(config))
+            if self.mock_engines:
+                client.engine.add_death_explainer(self._explain_mock_death)
+            return client
         return await self._connect_managed(config, engines)
+
+    def _explain_mock_death(self) -> str | None:
+        """Why embedded mock engines sent ENGINE_CORE_DEAD, for the client's error."""
+        return "; ".join(f"engine {engine.config.rank} (mock): {engine.death_reason}"
+                         for engine in self.mock_engines if engine.dead) or None
 
     async def _connect_managed(self, config: ClientConfig, engines: Any) -> Client:
         """Connect while watching the child processes: a child that dies fails the start."""
@@ -211,6 +219,7 @@ class ClientSession:
             connected.set()
             unregister()
         engines.on_exit(client.engine.fail)
+        client.engine.add_death_explainer(engines.explain_death)
         self._say(f"engines ready after {time.monotonic() - started:.1f} s")
         return client
 

@@ -10,10 +10,14 @@ Task layout (one client-level task group, started in :meth:`EngineCoreClient.con
 * the **input drain**, which reads and discards anything sent *to* the input socket after
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
-* the **output-connection watcher**, which logs every engine connection to the output
-  socket that closes: ZeroMQ drops a message over ``max_message_size`` by closing its
-  connection and reports nothing else;
-* optionally the **liveness** task, which pings every engine with a utility call.
+* the **output-connection watcher**, which follows the output socket's connections (its
+  ZeroMQ monitor) and, when one closes, has its **prober** ask every engine a cheap utility
+  call: an engine that neither comes back nor answers within ``disconnect_grace`` is dead
+  (killed, host gone, network cut: heartbeats close a connection that went quiet); if all
+  answer but a connection came back, messages on it may be lost (ZeroMQ drops a message
+  over ``max_message_size`` together with its connection), which fails open work;
+* the **liveness** task (on by default), which pings every engine with a utility call and
+  finds an engine that is connected but hung or deaf.
 
 Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
 never blocks towards a connected engine), so request scopes never await while sending and
@@ -93,6 +97,8 @@ _HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 T = TypeVar("T")
 StatsListener = Callable[[int, SchedulerStats], None]
+#: Returns what its owner knows about an engine's death (or None); see add_death_explainer.
+DeathExplainer = Callable[[], "str | None"]
 
 
 class EngineCoreClient(UtilityCalls):
@@ -127,6 +133,13 @@ class EngineCoreClient(UtilityCalls):
         self._aborts_sent = 0
         self._input_junk = 0
         self._output_disconnects = 0
+        # Output-socket connections, as the watcher sees them, and the latest unjudged drop.
+        self._connections = _OutputConnections()
+        self._drop: _Drop | None = None
+        self._drop_seen = anyio.Event()  # set by the watcher, for the prober
+        self._monitor: ZmqSocket | None = None
+        self._internal_calls: set[int] = set()  # call ids of the client's own probes
+        self._death_explainers: list[DeathExplainer] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -214,6 +227,23 @@ class EngineCoreClient(UtilityCalls):
     def add_stats_listener(self, listener: StatsListener) -> None:
         """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
         self._stats_listeners.append(listener)
+
+    def add_death_explainer(self, explain: DeathExplainer) -> Callable[[], None]:
+        """Let whoever owns engines say why one died; returns a function that unregisters.
+
+        ``ENGINE_CORE_DEAD`` is a bare sentinel that names neither the engine nor the cause.
+        When one arrives, ``explain()`` is called (synchronously, from the reader) and the
+        text it returns, e.g. ``"engine 0 (mock): duplicate request id 'a'"``, is appended
+        to the :class:`~anyio_genout.EngineDeadError` every stream and call then gets; None
+        or ``""`` adds nothing. An exception from ``explain`` is logged and ignored.
+        """
+        self._death_explainers.append(explain)
+
+        def unregister() -> None:
+            if explain in self._death_explainers:
+                self._death_explainers.remove(explain)
+
+        return unregister
 
     # ------------------------------------------------------------------ requests
 
@@ -395,54 +425,140 @@ class EngineCoreClient(UtilityCalls):
             self.fail(exc)
 
     async def _watch_output_connections(self, monitor: ZmqSocket) -> None:
-        """Log output-socket peers that disconnect after a completed ZeroMQ handshake.
+        """Follow the output socket's connections; hand every drop to the prober.
 
-        ZeroMQ enforces ``max_message_size`` by dropping the message *and the connection*,
-        and gives the receiver nothing else to see; an engine that exits is seen the same
-        way. Port scanners (whose ZeroMQ handshake fails) are not reported.
+        ZeroMQ reports a peer that disconnects after a completed ZeroMQ handshake, whatever
+        the reason: an engine that exited or was killed, a connection the heartbeat closed
+        (host gone, network cut), or a message over ``max_message_size``, which ZeroMQ drops
+        *together with the connection* and reports nothing else about. Port scanners (whose
+        ZeroMQ handshake fails) are not reported.
         """
-        pending: list[int] = []  # accepted, handshake not yet done (fds, oldest first)
-        failed: set[int] = set()
-        try:
-            while True:
-                frames = monitor.receive_nowait()
-                if frames is None:
+        self._monitor = monitor
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._prober)
+            try:
+                while True:
+                    self._read_monitor()
                     await monitor.wait_readable()
-                    continue
-                event = MonitorEvent.parse(frames)
-                if event is None:
-                    continue
-                kind = event.event
-                if kind == zmq.EVENT_ACCEPTED:
-                    pending.append(event.value)
-                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    if pending:
-                        pending.pop(0)
-                elif kind & _HANDSHAKE_FAILED:
-                    if pending:
-                        failed.add(pending.pop(0))
-                elif kind == zmq.EVENT_DISCONNECTED:
-                    fd = event.value
-                    if fd in failed:
-                        failed.discard(fd)
-                        continue
-                    if fd in pending:
-                        pending.remove(fd)
-                        continue
-                    self._output_disconnects += 1
-                    if self._error is None:
-                        limit = self._config.max_message_size
-                        logger.warning(
-                            "a peer's connection to the output socket %s closed (%d so far). "
-                            "If it was an engine: it exited or restarted, or it sent a "
-                            "message larger than max_message_size (%s bytes), which ZeroMQ "
-                            "dropped together with the connection; outputs in it are lost",
-                            event.endpoint, self._output_disconnects,
-                            "unlimited" if limit is None else f"{limit:,}")
-        except anyio.ClosedResourceError:
+            except anyio.ClosedResourceError:
+                pass
+            except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
+                logger.warning("output-connection watcher stopped: %s", exc)
+            tg.cancel_scope.cancel()
+
+    def _read_monitor(self) -> None:
+        """Handle every queued monitor event (never waits; the prober calls it too, to see
+        the events queued before an engine's reply)."""
+        monitor = self._monitor
+        if monitor is None:
             return
-        except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
-            logger.warning("output-connection watcher stopped: %s", exc)
+        while (frames := monitor.receive_nowait()) is not None:
+            event = MonitorEvent.parse(frames)
+            if event is not None and self._connections.update(event) == zmq.EVENT_DISCONNECTED:
+                self._on_output_disconnect(event.endpoint)
+
+    def _on_output_disconnect(self, endpoint: str) -> None:
+        self._output_disconnects += 1
+        if self._error is not None:
+            return
+        logger.warning(
+            "a peer's connection to the output socket %s closed (%d so far); checking that "
+            "every engine is still there (it must answer or reconnect within %g s)",
+            endpoint, self._output_disconnects, self._config.disconnect_grace)
+        work = self._open_work()
+        if self._drop is None:
+            self._drop = _Drop(anyio.current_time(), self._connections.handshakes, work)
+        else:
+            self._drop.work = max(self._drop.work, work)
+        self._drop_seen.set()
+
+    def _open_work(self) -> int:
+        """Requests and callers' utility calls in flight (not the client's own probes)."""
+        return len(self._registry.requests) + len(self._utility_waiters) - len(
+            self._internal_calls)
+
+    async def _prober(self) -> None:
+        """Judge every dropped output connection (one drop, or a burst, at a time)."""
+        while self._error is None:
+            await self._drop_seen.wait()
+            self._drop_seen = anyio.Event()
+            drop, self._drop = self._drop, None
+            if drop is not None and self._error is None:
+                await self._probe(drop)
+
+    async def _probe(self, drop: _Drop) -> None:
+        """Ask every engine ``is_sleeping`` after an output connection closed at ``drop.at``.
+
+        * An engine that has not answered when ``disconnect_grace`` is up, while fewer
+          connections are open than there are engines (one did not come back), is dead:
+          :class:`EngineDeadError` naming it.
+        * If every engine still has a connection, one that has not answered yet is slow (a
+          long step), not gone: it gets up to ``liveness_timeout`` to answer.
+        * If every engine answered: had the dropped connection come back (a new ZeroMQ
+          handshake), it was an engine's, which lives, and whatever it was sending is lost.
+          Work in flight then fails with :class:`ProtocolError` (it could miss outputs and
+          never finish); with none in flight the drop is only logged. No new handshake: the
+          peer was not an engine (an engine's reply would have needed one).
+        """
+        config = self._config
+        ranks = self._ranks
+        answered: set[int] = set()
+        everyone = anyio.Event()
+
+        async def ask(rank: int) -> None:
+            try:
+                await self._call_utility_on([rank], "is_sleeping", (), internal=True)
+            except UtilityCallError:
+                pass  # an answer all the same
+            except OperationalError:
+                return  # the client failed or closed meanwhile
+            answered.add(rank)
+            if len(answered) == len(ranks):
+                everyone.set()
+
+        async with anyio.create_task_group() as tg:
+            for rank in ranks:
+                tg.start_soon(ask, rank)
+            with anyio.move_on_after(config.disconnect_grace - (anyio.current_time() - drop.at)):
+                await everyone.wait()
+            if not everyone.is_set() and self._error is None:
+                silent = [rank for rank in ranks if rank not in answered]
+                if self._connections.live < len(ranks):
+                    self.fail(EngineDeadError(_gone_message(silent, config.disconnect_grace)))
+                else:
+                    with anyio.move_on_after(config.liveness_timeout
+                                             - (anyio.current_time() - drop.at)):
+                        await everyone.wait()
+                    silent = [rank for rank in ranks if rank not in answered]
+                    if silent and self._error is None:
+                        self.fail(EngineDeadError(
+                            f"{_engines(silent)}: an output connection closed and "
+                            f"{'it' if len(silent) == 1 else 'they'} did not answer within "
+                            f"{config.liveness_timeout:g} s"))
+            tg.cancel_scope.cancel()
+        if self._error is not None:
+            return
+        # Every engine answered. ZeroMQ reports a connection's handshake before any message
+        # flows on it: an engine whose connection dropped answered over a new one, whose
+        # report is queued by now.
+        try:
+            self._read_monitor()
+        except (anyio.ClosedResourceError, TransportError):
+            return
+        if self._connections.handshakes == drop.handshakes:
+            logger.info("the peer that left the output socket was not an engine: every "
+                        "engine answered over its own connection")
+        elif drop.work:
+            limit = config.max_message_size
+            self.fail(ProtocolError(
+                f"an engine's output connection closed and came back while {drop.work} "
+                f"request(s) or utility call(s) were in flight, and messages on it are lost: "
+                f"ZeroMQ drops a message larger than max_message_size "
+                f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
+                f"connection, and a network fault closes it too"))
+        else:
+            logger.info("an engine's output connection closed and came back with nothing in "
+                        "flight; every engine answered")
 
     def _dispatch(self, frames: list[Any]) -> None:
         try:
@@ -460,12 +576,26 @@ class EngineCoreClient(UtilityCalls):
         elif type(message) is UtilityReply:
             self._dispatch_utility(message)
         elif type(message) is EngineDead:
-            self.fail(EngineDeadError("an engine core sent ENGINE_CORE_DEAD"))
+            self.fail(EngineDeadError(self._engine_core_dead_message()))
         else:
             assert isinstance(message, DpControl)
             self.fail(ProtocolError(
                 "EngineCoreOutputs: data-parallel wave control arrived on the main output "
                 "socket (this client runs no DP coordinator)"))
+
+    def _engine_core_dead_message(self) -> str:
+        """"an engine core sent ENGINE_CORE_DEAD", with what the explainers know."""
+        reasons: list[str] = []
+        for explain in list(self._death_explainers):
+            try:
+                text = explain()
+            except Exception:
+                logger.exception("death explainer %r failed", explain)
+                continue
+            if text:
+                reasons.append(text)
+        message = "an engine core sent ENGINE_CORE_DEAD"
+        return f"{message}: {'; '.join(reasons)}" if reasons else message
 
     def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],
                         stats: SchedulerStats | None, timestamp: float,
@@ -549,7 +679,8 @@ class EngineCoreClient(UtilityCalls):
         return await self._call_utility_on(self._ranks, method, args)
 
     async def _call_utility_on(self, ranks: Sequence[int], method: str,
-                               args: Sequence[Any]) -> list[Any]:
+                               args: Sequence[Any], *, internal: bool = False) -> list[Any]:
+        """``internal``: the client's own probe, not counted as work in flight."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         self._raise_if_unhealthy()
         waiters: dict[int, UtilityWaiter] = {}
@@ -559,6 +690,8 @@ class EngineCoreClient(UtilityCalls):
                 waiter = UtilityWaiter(rank)
                 waiters[call_id] = waiter
                 self._utility_waiters[call_id] = waiter
+                if internal:
+                    self._internal_calls.add(call_id)
                 self._send_input(
                     rank, encode_utility(self._config.client_index, call_id, method, args))
             for waiter in waiters.values():
@@ -566,6 +699,7 @@ class EngineCoreClient(UtilityCalls):
         finally:
             for call_id in waiters:
                 self._utility_waiters.pop(call_id, None)
+                self._internal_calls.discard(call_id)
         results = []
         failure: str | None = None
         for waiter in waiters.values():
@@ -586,7 +720,7 @@ class EngineCoreClient(UtilityCalls):
             for rank in self._ranks:
                 with anyio.move_on_after(deadline) as scope:
                     try:
-                        await self._call_utility_on([rank], "is_sleeping", ())
+                        await self._call_utility_on([rank], "is_sleeping", (), internal=True)
                     except UtilityCallError:
                         pass
                     except OperationalError:
@@ -595,6 +729,68 @@ class EngineCoreClient(UtilityCalls):
                     self.fail(EngineDeadError(
                         f"engine {rank} did not answer a liveness check within {deadline:g} s"))
                     return
+
+
+def _engines(ranks: Sequence[int]) -> str:
+    return (f"engine {ranks[0]}" if len(ranks) == 1
+            else f"engines {', '.join(map(str, ranks))}")
+
+
+def _gone_message(ranks: Sequence[int], grace: float) -> str:
+    one = len(ranks) == 1
+    return (f"{_engines(ranks)}: {'its' if one else 'an'} output connection closed and "
+            f"{'it' if one else 'they'} did not answer or reconnect within {grace:g} s "
+            f"(process killed, host gone or network cut)")
+
+
+class _OutputConnections:
+    """The output socket's connections, from its monitor's events.
+
+    Monitor events carry no peer address: an ACCEPTED event gives the connection's
+    descriptor, the handshake events that follow give none, so they are matched in order.
+    """
+
+    __slots__ = ("failed", "handshakes", "live", "pending")
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []  # accepted, ZeroMQ handshake not yet done (oldest first)
+        self.failed: set[int] = set()  # the handshake failed (a port scan): not reported
+        self.handshakes = 0  # ZeroMQ handshakes completed so far (connections and reconnections)
+        self.live = 0  # connections with a completed handshake, still open
+
+    def update(self, event: MonitorEvent) -> int:
+        """Apply ``event``; returns ``zmq.EVENT_DISCONNECTED`` when a connection that had
+        completed its handshake closed, else 0."""
+        kind = event.event
+        if kind == zmq.EVENT_ACCEPTED:
+            self.pending.append(event.value)
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.pending:
+                self.pending.pop(0)
+            self.handshakes += 1
+            self.live += 1
+        elif kind & _HANDSHAKE_FAILED:
+            if self.pending:
+                self.failed.add(self.pending.pop(0))
+        elif kind == zmq.EVENT_DISCONNECTED:
+            fd = event.value
+            if fd in self.failed:
+                self.failed.discard(fd)
+            elif fd in self.pending:
+                self.pending.remove(fd)
+            else:
+                self.live = max(0, self.live - 1)
+                return kind
+        return 0
+
+
+@attrs.define
+class _Drop:
+    """Output connections that closed and wait for the prober's verdict."""
+
+    at: float  # when the first closed
+    handshakes: int  # connections completed before it: a higher count means one came back
+    work: int  # requests and callers' utility calls in flight then
 
 
 def _copy_error(error: BaseException) -> BaseException:

@@ -35,9 +35,23 @@ class EngineCoreClientConfig:
       connect there directly and register on the input socket.
 
     ``ready_timeout`` bounds the whole start-up (a real engine loads its model before READY,
-    hence the 600 s default). ``liveness_interval`` (off by default) pings every engine with a
-    cheap utility call; an engine that does not answer within ``liveness_timeout`` marks the
-    client unhealthy (detects engines that died without saying so).
+    hence the 600 s default).
+
+    Engines that die without saying so (``ENGINE_CORE_DEAD``) are found three ways, all on
+    by default (docs/reliability.md has the measurements behind the defaults):
+
+    * an engine's output connection that closes (process killed, or dropped by the
+      heartbeat below) starts a probe: every engine must answer a cheap utility call, and an
+      engine whose connection is not back within ``disconnect_grace`` seconds and that did
+      not answer is dead;
+    * ``heartbeat_interval``: ZeroMQ pings every engine connection of the input and output
+      sockets that often (engines answer by themselves), and closes a connection that
+      stays quiet for ``heartbeat_timeout`` seconds (a vanished host, a cut network);
+      ``None`` turns heartbeats off;
+    * ``liveness_interval``: every engine is asked a cheap utility call that often; one that
+      does not answer within ``liveness_timeout`` is dead (an engine that is connected but
+      hung or deaf). A utility call is answered between two engine steps, so the timeout
+      must exceed the longest step and the longest utility call; ``None`` turns it off.
     """
 
     handshake_address: str = DEFAULT_HANDSHAKE_ADDRESS
@@ -52,8 +66,11 @@ class EngineCoreClientConfig:
     vocab_size: int | None = None
     max_logprobs: int = 20
     max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
-    liveness_interval: float | None = None
-    liveness_timeout: float = attrs.field(default=10.0, validator=_positive)
+    liveness_interval: float | None = 10.0
+    liveness_timeout: float = attrs.field(default=60.0, validator=_positive)
+    disconnect_grace: float = attrs.field(default=2.0, validator=_positive)
+    heartbeat_interval: float | None = 1.0
+    heartbeat_timeout: float = attrs.field(default=3.0, validator=_positive)
     check_version: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -63,6 +80,8 @@ class EngineCoreClientConfig:
             raise ValueError("engine ranks must fit in 2 bytes")
         if self.liveness_interval is not None and not self.liveness_interval > 0:
             raise ValueError("liveness_interval must be positive or None")
+        if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be positive or None")
 
     @property
     def engine_ranks(self) -> range:

@@ -93,6 +93,9 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         out = ZmqSocket(context, zmq.PULL, max_message_size=config.max_message_size)
         sockets.append(out)
         out.raw.setsockopt(zmq.RCVHWM, OUTPUT_RCVHWM)
+        if config.heartbeat_interval is not None:  # before binding: engines connect next
+            for sock in (inp, out):
+                sock.set_heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
         monitor = out.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, monitor)
         input_address = inp.bind(config.input_address or bind_address(config.advertised_host))

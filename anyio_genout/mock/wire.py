@@ -64,6 +64,7 @@ class OutputWriter:
         self.config = config
         self.errors: list[str] = []
         self.dead = False
+        self.death_reason: str | None = None  # why it sent ENGINE_CORE_DEAD
         self._weight_version = _DEFAULT_WEIGHT_VERSION  # set by EngineCoreProc, with its bytes
         self._weight_version_bytes = pack(_DEFAULT_WEIGHT_VERSION)
 
@@ -127,6 +128,7 @@ class OutputWriter:
         if self.dead:
             return
         self.dead = True
+        self.death_reason = reason
         self.errors.append(reason)
         for out in self._outputs:
             self._send_tracked(out, [ENGINE_CORE_DEAD])

@@ -7,6 +7,7 @@ connect to a front end's handshake address, e.g. an
     async with spawn_vllm_engines(model_dir, handshake_address="tcp://127.0.0.1:62100") as engines:
         async with Client.connect(config) as client:
             engines.on_exit(client.engine.fail)
+            client.engine.add_death_explainer(engines.explain_death)  # ENGINE_CORE_DEAD's cause
             ...
 
 Either side may start first: the engine's DEALER queues its HELLO until the front end binds.
@@ -23,7 +24,10 @@ What the manager guarantees:
   killed at once, :attr:`VllmEngines.exit_error` is set to an :class:`EngineProcessExitedError`
   (an :class:`~anyio_genout.errors.EngineDeadError` naming the pid, the exit code and the last
   log lines) and every callback registered with :meth:`VllmEngines.on_exit` is called with it.
-  A real engine sends nothing when it is killed, so this is how a client learns about it.
+  A real engine sends nothing when it is killed; a client finds out from this, or from its
+  output connection closing (see docs/reliability.md).
+* :meth:`VllmEngines.explain_death` gives the last log lines, which say why an engine that
+  sent ``ENGINE_CORE_DEAD`` died.
 """
 
 from __future__ import annotations
@@ -252,6 +256,7 @@ class VllmEngines:
         self.model = os.fspath(model)
         self.handshake_address = handshake_address
         self.engine_count = engine_count
+        self.start_rank = start_rank
         self.grace_period = grace_period
         self.command: list[str] = list(command) if command else default_vllm_command()
         self.argv: list[str] = [*self.command, *build_serve_args(
@@ -289,6 +294,25 @@ class VllmEngines:
     def log_tail(self) -> list[str]:
         """The last output lines of every process (at most 50 per process), oldest first."""
         return [line for p in self._procs for line in p.tail]
+
+    def explain_death(self) -> str | None:
+        """What the processes' logs say, for an engine that sent ``ENGINE_CORE_DEAD``.
+
+        Made for :meth:`~anyio_genout.EngineCoreClient.add_death_explainer` (the sentinel
+        names no engine and no cause; vLLM logs the fatal error just before sending it):
+        ``"engine 0 (vLLM process 1234), last log lines:\n..."``, one part per process;
+        None before any process started.
+        """
+        parts = []
+        for index, proc in enumerate(self._procs):
+            first = self.start_rank + index * self.engine_count
+            ranks = (str(first) if self.engine_count == 1
+                     else f"{first}..{first + self.engine_count - 1}")
+            lines = list(proc.tail)[-_MESSAGE_TAIL_LINES:]
+            shown = "\n".join(lines) or "(none)"
+            parts.append(f"engine{'s' if self.engine_count > 1 else ''} {ranks} (vLLM process "
+                         f"{proc.pid}), last log lines:\n{shown}")
+        return "; ".join(parts) or None
 
     def on_exit(self, callback: ExitCallback) -> Callable[[], None]:
         """Call ``callback(error)`` when an engine process exits; returns an unregister function.

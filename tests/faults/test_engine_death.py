@@ -15,6 +15,8 @@ from anyio_genout import (
     EngineDeadError,
     HandshakeTimeoutError,
 )
+from anyio_genout.cli.engines import ClientSession
+from anyio_genout.cli.main import build_parser
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
 from anyio_genout.protocol import ENGINE_CORE_DEAD
 from tests.engine.fake import FakeEngine, free_port
@@ -267,3 +269,42 @@ async def test_death_with_utility_calls_on_two_engines_pending() -> None:
             with anyio.fail_after(5), pytest.raises(EngineDeadError):
                 await client.pause_scheduler(mode="wait")
         assert client.pending_utility_calls == 0
+
+
+# ---------------------------------------------------------------- why it died
+
+
+async def test_engine_core_dead_says_why_when_the_engines_owner_knows() -> None:
+    """The sentinel names neither engine nor cause; whoever owns the engines can tell, and
+    every stream and call gets the error with that text (and nothing changes without one)."""
+    async with mock_cluster(faults=MockFaults(dead_after_steps=4)) as cluster:
+        client = cluster.client
+        engine = cluster.engine
+        client.add_death_explainer(lambda: None)  # knows nothing: adds nothing
+        client.add_death_explainer(
+            lambda: f"engine 0 (mock): {engine.death_reason}" if engine.dead else None)
+        unregistered = client.add_death_explainer(lambda: "never asked")
+        unregistered()
+        async with client.call(engine_request("r", max_tokens=1000)) as stream:
+            with anyio.fail_after(5):
+                _, error = await drain(stream)
+        expected = ("an engine core sent ENGINE_CORE_DEAD: engine 0 (mock): fault injection: "
+                    "dead after 4 steps")
+        assert isinstance(error, EngineDeadError) and str(error) == expected
+        with pytest.raises(EngineDeadError, match="dead after 4 steps"):
+            await client.is_sleeping()
+
+
+async def test_the_command_lines_embedded_mock_says_why_it_died() -> None:
+    """``anyio-genout generate`` with its embedded mock: the error names the engine and the
+    mock's own reason (here a fatal error injected into the running mock)."""
+    args = build_parser().parse_args(["generate", "--prompt-token-ids", "1,2,3"])
+    session = ClientSession(args, quiet=True)
+    async with session as client, \
+            client.generate(generate_request("g", max_tokens=100_000)) as stream:
+        session.mock_engines[0]._die("AssertionError: the disk is on fire")
+        with anyio.fail_after(5):
+            _, error = await drain(stream)
+    assert isinstance(error, EngineDeadError)
+    assert str(error) == ("an engine core sent ENGINE_CORE_DEAD: engine 0 (mock): "
+                          "AssertionError: the disk is on fire")

@@ -1,8 +1,9 @@
-"""Engine death without a sentinel: a silent engine, found by the optional liveness check.
+"""Engine death without a sentinel: a silent engine, found by the liveness check.
 
 ``MockFaults.silent_after_steps`` makes the mock stop reading input and stop stepping while
 its sockets stay connected, as a real engine whose input thread died (vLLM does that after
-a malformed input message). Nothing arrives, nothing is refused: only a deadline can tell.
+a malformed input message). Nothing arrives, nothing is refused, no connection closes:
+only a deadline can tell. The check is on by default; these tests shorten its timings.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from anyio_genout import EngineDeadError
+from anyio_genout import EngineCoreClientConfig, EngineDeadError
 from anyio_genout.mock import MockFaults
 from anyio_genout.protocol import UtilityRequest
 
@@ -98,15 +99,20 @@ async def test_live_engine_under_load_is_not_flagged() -> None:
         assert client.pending_utility_calls == 0
 
 
-async def test_without_liveness_a_silent_engine_goes_unnoticed() -> None:
-    """Off by default: the client cannot tell silence from a slow engine. Callers' own
-    timeouts still work, and leaving the scope still cleans up."""
-    async with mock_cluster(faults=MockFaults(silent_after_steps=2)) as cluster:
+async def test_the_check_is_on_by_default_and_can_be_turned_off() -> None:
+    """On by default, with a timeout well above the longest engine step measured
+    (docs/reliability.md). ``liveness_interval=None`` turns it off: the client then cannot
+    tell silence from a slow engine; callers' own timeouts still work, and leaving the scope
+    still cleans up."""
+    defaults = EngineCoreClientConfig()
+    assert defaults.liveness_interval == 10.0 and defaults.liveness_timeout == 60.0
+    async with mock_cluster(faults=MockFaults(silent_after_steps=2),
+                            liveness_interval=None) as cluster:
         client = cluster.client
-        assert client.config.liveness_interval is None
         with anyio.move_on_after(0.5) as scope:
             async with client.call(engine_request("a", max_tokens=1000)) as stream:
                 await drain(stream)
         assert scope.cancelled_caught
         assert cluster.engine.silent and client.is_healthy
         assert client.in_flight == 0
+        assert not [r for r in cluster.engine.received if isinstance(r, UtilityRequest)]
