@@ -65,19 +65,21 @@ async def run(args: argparse.Namespace) -> int:
         check_max_tokens(len(request.prompt_token_ids), request.sampling_params.max_tokens,
                          client.engine.max_model_len)
         start = time.time()
-        async with client.generate(request) as stream:
-            async for out in stream:
-                if out.token_ids:
-                    if first is None:
-                        first = time.time()
-                    count += len(out.token_ids)
-                    sys.stdout.write(_logprob_lines(out) if with_logprobs else
-                                     " ".join(map(str, out.token_ids)) + " ")
-                    sys.stdout.flush()
-                finish = out.finish_reason
+        try:
+            async with client.generate(request) as stream:
+                async for out in stream:
+                    if out.token_ids:
+                        if first is None:
+                            first = time.time()
+                        count += len(out.token_ids)
+                        sys.stdout.write(_logprob_lines(out) if with_logprobs else
+                                         " ".join(map(str, out.token_ids)) + " ")
+                        sys.stdout.flush()
+                    finish = out.finish_reason
+        finally:
+            if count and not with_logprobs:
+                sys.stdout.write("\n")  # the tokens' line ends, whatever ended the stream
     end = time.time()
-    if count and not with_logprobs:
-        sys.stdout.write("\n")
     if interrupted:
         print(f"anyio-genout: interrupted after {count} token(s)", file=sys.stderr)
         return 130

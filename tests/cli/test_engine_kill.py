@@ -63,6 +63,7 @@ async def test_kill_9_of_the_engine_under_generate(cli_backend: str) -> None:
     assert code not in (0, None), output.err
     assert took < DETECTION, f"ended {took:.1f} s after the kill"
     assert_one_line_engine_error(output.err)
+    assert output.stdout.endswith(b"\n")  # the tokens streamed so far, as a whole line
 
 
 @BACKEND_PAIRS

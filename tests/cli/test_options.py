@@ -59,7 +59,7 @@ GENERATE = ["generate", "--prompt-token-ids", "1,2"]
 
 @pytest.mark.parametrize(("command", "address"), [
     (GENERATE, "127.0.0.1:29550"), (GENERATE, "tcp://127.0.0.1"),
-    (GENERATE, "tcp://[::1:29550"), (["run", "-", "-o", "out.jsonl"], "http://127.0.0.1:29550"),
+    (GENERATE, "tcp://[::1:29550"), (["run", "-", "-o", "-"], "http://127.0.0.1:29550"),
 ])
 def test_an_address_without_its_form_is_refused_before_waiting(command: list[str],
                                                                address: str) -> None:
