@@ -485,6 +485,11 @@ async def run(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs an output file (it reads what an earlier run wrote)")
     source = _open_input(args.input)
     try:
+        if args.strict and not source.seekable():
+            # --strict reads the input twice: a pipe is copied to a temporary file first.
+            spooled = await anyio.to_thread.run_sync(_spool, source, abandon_on_cancel=True)
+            with spooled:
+                return await _run(args, spooled)
         return await _run(args, source)
     finally:
         if source is not sys.stdin.buffer:
@@ -497,8 +502,6 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
     try:
         # The signal watcher also covers the scans and the start-up (waiting for engines).
         async with interruptible() as interrupted:
-            if args.strict and not source.seekable():
-                source = await anyio.to_thread.run_sync(_spool, source, abandon_on_cancel=True)
             repeated = None
             if source.seekable():
                 found: Scan = await _in_thread(scan, source)
