@@ -102,8 +102,7 @@ def _off(value: object) -> object:
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "engines", "with none of --handshake-address and --vllm-model, embedded mock engines "
-                   "are started in this process")
+        "engines", "without --handshake-address or --vllm-model: embedded mock engines")
     group.add_argument("--handshake-address", metavar="tcp://HOST:PORT", type=check_address,
                        help="serve real vLLM engines that dial this address "
                             "(`vllm serve ... --headless --data-parallel-address HOST "

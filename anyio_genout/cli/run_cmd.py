@@ -58,7 +58,8 @@ _KEYS: Final = frozenset({"request_id", "prompt_token_ids", "sampling_params", "
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run", help="run a JSONL file of requests and write JSONL results",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__.split("\n", 2)[2].replace("``", "`") if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("input", help="JSONL file of requests ('-' for stdin)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
                         help="JSONL file for the results, rewritten unless --resume; '-' "
