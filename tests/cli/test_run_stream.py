@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import anyio
 import pytest
 
 from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, GenerateRequest
-from anyio_genout.cli.run_cmd import Job, LineParser, LineReader, run_all
+from anyio_genout.cli.run_cmd import BadLine, Job, LineParser, LineReader, run_all, scan
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.transport import free_tcp_address
 
@@ -140,6 +141,39 @@ def test_resume_truncates_a_partial_last_line_in_place(tmp_path: Path) -> None:
     assert [json.dumps(line, separators=(",", ":")) + "\n" for line in lines[:2]] == \
         complete[:2]
     assert sorted(line["request_id"] for line in lines) == [f"r{i:03d}" for i in range(4)]
+
+
+TRICKY_IDS = [
+    '{"request_id": "a", "prompt_token_ids": [1]}',
+    '{"prompt_token_ids": [1], "request_id": "a"}',  # 2: a
+    '{"request_id": "q\\"x", "prompt_token_ids": [1]}',
+    '{"request_id": "q\\"x", "prompt_token_ids": [1]}',  # 4: an escaped quote
+    '{"request_id": "z", "request_id": "y", "prompt_token_ids": [1]}',  # JSON keeps "y"
+    '{"request_id": "y", "prompt_token_ids": [1]}',  # 6: y
+    '{"prompt_token_ids": [1]}',  # line-7
+    '{"request_id": "line-7", "prompt_token_ids": [1]}',  # 8: the default id of line 7
+    '{"request_id": "\\u00e9", "prompt_token_ids": [1]}',
+    '{"request_id": "\u00e9", "prompt_token_ids": [1]}',  # 10: the same id, unescaped
+    '{"request_id" :"sp", "prompt_token_ids": [1]}',
+    '{"request_id":  "sp", "prompt_token_ids": [1]}',  # 12: other spacing
+]
+
+
+def test_the_counting_pass_finds_every_duplicate_id() -> None:
+    """Only ids the pre-pass flags are remembered: it must flag every repeated one."""
+    data = "".join(line + "\n" for line in TRICKY_IDS).encode()
+    found = scan(io.BytesIO(data), threading.Event())
+    assert found is not None and found.total == len(TRICKY_IDS)
+    parser = LineParser(found.repeated)
+    refused = []
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            parser.parse(number, line)
+        except BadLine as exc:
+            assert "appears twice" in str(exc)
+            refused.append(number)
+    assert refused == [2, 4, 6, 8, 10, 12]
+    assert len(found.repeated) < 10  # the ids flagged, not every id
 
 
 pytestmark = pytest.mark.anyio
