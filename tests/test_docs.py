@@ -33,10 +33,6 @@ RUN_MARKER = "# doctest: run"
 #: Seconds one example may take (pytest-timeout allows 60 per test).
 TIMEOUT = 45
 
-#: Pages other engineers are still writing. A link to one of them is not an error *while the
-#: file does not exist yet*; once it exists it is checked like any other. Only these names.
-PENDING_PAGES = frozenset({"performance.md", "reliability.md", "security.md"})
-
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?(?P<target>[^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(?P<target>\S+?)>?(?:\s.*)?$")
@@ -238,8 +234,6 @@ def test_relative_links_resolve(path: Path) -> None:
         resolved = (path.parent / file_part).resolve() if file_part else path
         where = f"{rel(path)}:{number}: {target}"
         if not resolved.exists():
-            if resolved.parent == DOCS and resolved.name in PENDING_PAGES:
-                continue  # being written by someone else; checked once it exists
             problems.append(f"{where}: no such file")
             continue
         if anchor and resolved.suffix == ".md" and anchor not in github_slugs(resolved):
