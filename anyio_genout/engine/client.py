@@ -68,7 +68,7 @@ from ..protocol import (
 )
 from ..transport import MonitorEvent, TransportError, ZmqSocket, new_context
 from .config import EngineCoreClientConfig
-from .handshake import BoundSockets, bind_sockets, run_handshake
+from .handshake import BoundSockets, bind_sockets, keyboard_interrupt_in, run_handshake
 from .outbox import Outbox
 from .registry import RequestRegistry, UtilityWaiter
 from .stream import EngineCoreOutputStream, _CallScope
@@ -149,6 +149,14 @@ class EngineCoreClient(UtilityCalls):
 
         ``async with EngineCoreClient.connect(config) as engine:`` returns once every
         engine is ready; see :class:`EngineCoreClientConfig` for the two connection modes.
+        While it waits it logs what it waits for and where (``anyio_genout.engine``; a
+        warning after a second if an engine was not heard from).
+
+        Entering raises :class:`~anyio_genout.HandshakeTimeoutError` after
+        ``ready_timeout``, :class:`~anyio_genout.HandshakeError` on a bad start-up
+        message, :class:`~anyio_genout.EngineDeadError` if an engine dies while starting,
+        :class:`~anyio_genout.TransportError` if an address cannot be bound; Ctrl-C while
+        waiting raises a plain :class:`KeyboardInterrupt`.
         """
         return _Connection(config)
 
@@ -867,8 +875,13 @@ class _Connection:
         # The body's exception (if any) propagates unchanged: it never enters the task group.
         try:
             await tg.__aexit__(None, None, None)
-        except BaseExceptionGroup as group:  # pragma: no cover - a bug in a background task
-            raise RuntimeError("anyio-genout background task failed") from group
+        except BaseExceptionGroup as group:
+            # On trio a Ctrl-C lands in whichever task runs, often the reader: it is the
+            # user's KeyboardInterrupt all the same, not a failure of ours.
+            interrupt = keyboard_interrupt_in(group)
+            if interrupt is not None:
+                raise interrupt from None
+            raise RuntimeError("anyio-genout background task failed") from group  # a bug
         finally:
             client._abort_receive.close()
             # term() waits (at most CLOSE_LINGER) for the last ABORTs to leave; in a worker

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
 from ..transport import DEFAULT_MAX_MESSAGE_SIZE
 
-__all__ = ["DEFAULT_HANDSHAKE_ADDRESS", "EngineCoreClientConfig"]
+__all__ = ["ADDRESS_FORMS", "DEFAULT_HANDSHAKE_ADDRESS", "EngineCoreClientConfig"]
 
 #: vLLM's default ``--data-parallel-rpc-port`` on loopback.
 DEFAULT_HANDSHAKE_ADDRESS: Final = "tcp://127.0.0.1:29550"
@@ -17,6 +17,66 @@ DEFAULT_HANDSHAKE_ADDRESS: Final = "tcp://127.0.0.1:29550"
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+#: The address forms the client binds, with examples, for error messages.
+ADDRESS_FORMS: Final = ("tcp://HOST:PORT (e.g. tcp://127.0.0.1:29550) or ipc://PATH "
+                        "(e.g. ipc:///tmp/genout-engine.sock)")
+#: Bytes in a Unix socket path at most (``sun_path`` on Linux, less its terminating NUL).
+_MAX_IPC_PATH: Final = 107
+
+
+def _address(instance: EngineCoreClientConfig, attribute: attrs.Attribute[Any],
+             value: object) -> None:
+    """Refuse an address ZeroMQ would not bind, or that no engine could reach, naming the
+    field and showing the expected form (before anything is bound or awaited)."""
+    if value is None:
+        return
+    field = attribute.name
+    # Engines must know the port of what they dial: the handshake socket always, the input
+    # and output sockets when they are given to the engines directly (bootstrapped).
+    fixed_port = field == "handshake_address" or instance.bootstrapped
+    if isinstance(value, str):
+        problem = _address_problem(value, fixed_port=fixed_port)
+    else:
+        problem = f"not a string but {type(value).__name__}"
+    if problem is not None:
+        raise ValueError(f"{field} {value!r}: {problem}; expected {ADDRESS_FORMS}")
+
+
+def _address_problem(address: str, *, fixed_port: bool) -> str | None:
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        host, colon, port = address.rpartition(":")
+        if colon and host and port.isdigit():
+            return f"no scheme (did you mean 'tcp://{address}'?)"
+        return "no scheme"
+    if any(c.isspace() for c in address):
+        return "it contains white space"
+    if scheme == "tcp":
+        host, colon, port = rest.rpartition(":")
+        if not colon or not host or "/" in rest or host.startswith("[") != host.endswith("]"):
+            return "a tcp:// address is HOST:PORT"
+        if ":" in host and not host.startswith("["):
+            return f"an IPv6 host goes in brackets: tcp://[{host}]:{port}"
+        if port in ("*", "0"):
+            if fixed_port:
+                return "engines must know this port, so it cannot be chosen at bind time"
+            return None
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            return f"port {port!r} is not a number from 1 to 65535"
+        return None
+    if scheme == "ipc":
+        if not rest:
+            return "an ipc:// address needs a path"
+        if len(rest.encode()) > _MAX_IPC_PATH:
+            return (f"the ipc:// path is {len(rest.encode())} bytes long; a Unix socket's "
+                    f"path has at most {_MAX_IPC_PATH}")
+        return None
+    if scheme == "inproc":
+        return ("inproc:// reaches only sockets of the same ZeroMQ context, and no engine "
+                "shares the client's")
+    return f"{scheme}:// is not a transport engines connect over"
 
 
 @attrs.frozen(kw_only=True)
@@ -33,6 +93,11 @@ class EngineCoreClientConfig:
     * **Bootstrapped**: set ``bootstrapped=True`` with ``input_address`` and
       ``output_address``; engines ``engine_start_index .. engine_start_index+engine_count-1``
       connect there directly and register on the input socket.
+
+    Addresses are ``tcp://HOST:PORT`` or ``ipc://PATH``, checked here: a malformed one
+    raises :class:`ValueError` naming the field and the expected form. A port engines must
+    dial (the handshake socket's; bootstrapped, the input and output sockets' too) must be
+    a fixed one, not ``*``.
 
     ``ready_timeout`` bounds the whole start-up (a real engine loads its model before READY,
     hence the 600 s default).
@@ -54,12 +119,12 @@ class EngineCoreClientConfig:
       must exceed the longest step and the longest utility call; ``None`` turns it off.
     """
 
-    handshake_address: str = DEFAULT_HANDSHAKE_ADDRESS
+    handshake_address: str = attrs.field(default=DEFAULT_HANDSHAKE_ADDRESS, validator=_address)
     engine_count: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     engine_start_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     advertised_host: str = "127.0.0.1"
-    input_address: str | None = None
-    output_address: str | None = None
+    input_address: str | None = attrs.field(default=None, validator=_address)
+    output_address: str | None = attrs.field(default=None, validator=_address)
     bootstrapped: bool = False
     client_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     ready_timeout: float = attrs.field(default=600.0, validator=_positive)

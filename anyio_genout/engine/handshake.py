@@ -9,6 +9,16 @@ While it waits, the output socket is watched too: an engine that dies after conn
 from a peer that is not one of the expected engines (a port scanner, a stray tool) is
 logged and ignored, so it cannot break the start-up; a malformed message from an expected
 engine identity, or a well-formed one from an unexpected engine, is a :class:`HandshakeError`.
+
+The wait is logged on the ``anyio_genout.engine`` logger: what it waits for and where, at
+INFO when it starts; then, while it lasts, a reminder after ``WAITING_NOTICE_AFTER`` seconds
+and every ``WAITING_LOG_INTERVAL`` seconds after that, at WARNING while an engine has not
+been heard from at all (so a plain script, whose logging shows warnings, tells its user what
+it waits for), at INFO once every missing engine has dialled in and is loading its model.
+
+A Ctrl-C during the wait comes out as a plain :class:`KeyboardInterrupt`: the waiting task
+waits in the body of its task group, never in the group's exit (where trio would wrap it in
+an exception group), and one that hits a background task is unwrapped.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import anyio
+import anyio.abc
 import attrs
 import zmq
 
@@ -42,13 +53,18 @@ from ..protocol import (
 from ..transport import ZmqSocket, bind_address
 from .config import EngineCoreClientConfig
 
-__all__ = ["BoundSockets", "bind_sockets", "run_handshake"]
+__all__ = ["BoundSockets", "bind_sockets", "keyboard_interrupt_in", "run_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
 T = TypeVar("T")
 
 #: Output messages kept from before every engine was READY (an engine sends none then).
 MAX_EARLY_OUTPUTS: Final = 1024
+#: Seconds of waiting for engines after which the start-up says what it waits for, at
+#: WARNING if an engine was not heard from (engines already running answer well within it).
+WAITING_NOTICE_AFTER: Final = 1.0
+#: Seconds between the later reminders.
+WAITING_LOG_INTERVAL: Final = 15.0
 #: Ignored junk messages logged one by one; later ones are only counted.
 MAX_JUNK_LOGGED: Final = 10
 #: Receive high-water mark of the output socket, in messages per connected peer: a peer
@@ -225,27 +241,130 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
                                     f"before every engine was READY")
             sockets.early_outputs.append(frames)
 
-    failure: list[GenoutError] = []
+    def waiting_for() -> tuple[int, str, str]:
+        """A reminder's log level, what is awaited from whom and where, and a hint."""
+        stage, absent = missing()
+        who = _engines(absent)
+        unheard = any(rank not in hello and rank not in registered for rank in absent)
+        if stage == "HELLO":
+            return (logging.WARNING,
+                    f"{who} to say HELLO on the handshake socket {config.handshake_address}",
+                    _vllm_hint(config))
+        if stage == "input registration" and sockets.handshake is None:
+            return (logging.WARNING if unheard else logging.INFO,
+                    f"{who} to register on the input socket {sockets.input_address}",
+                    "; in bootstrapped mode engines connect there directly")
+        return (logging.WARNING if unheard else logging.INFO,
+                f"{who} to finish starting ({stage} is missing)",
+                f"; after HELLO an engine loads its model, then registers on the input socket "
+                f"{sockets.input_address} and says READY")
 
-    async def guarded(fn: Any, sock: ZmqSocket, scope: anyio.CancelScope) -> None:
+    async def report_waiting() -> None:
+        """Say what the start-up waits for: at once, then every so often while it lasts."""
+        _, what, hint = waiting_for()
+        logger.info("connecting: waiting for %s, up to %g s (ready_timeout)%s", what,
+                    config.ready_timeout, hint)
+        started = anyio.current_time()
+        await anyio.sleep(WAITING_NOTICE_AFTER)
+        while True:
+            level, what, hint = waiting_for()
+            logger.log(level, "still waiting after %.0f s for %s, up to %g s (ready_timeout)%s",
+                       anyio.current_time() - started, what, config.ready_timeout, hint)
+            await anyio.sleep(WAITING_LOG_INTERVAL)
+
+    failure: list[GenoutError] = []
+    done = anyio.Event()
+    stages_left = 1 if sockets.handshake is None else 2
+
+    async def guarded(fn: Any, sock: ZmqSocket, stage: bool) -> None:
+        nonlocal stages_left
         try:
             await fn(sock)
         except GenoutError as exc:
             failure.append(exc)
-            scope.cancel()
+            done.set()
+            return
+        if stage:
+            stages_left -= 1
+            if not stages_left:
+                done.set()
 
-    with anyio.move_on_after(config.ready_timeout) as timeout_scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(guarded, watch_outputs, sockets.output, tg.cancel_scope)
-            async with anyio.create_task_group() as stages:
-                if sockets.handshake is not None:
-                    stages.start_soon(guarded, handshake_loop, sockets.handshake,
-                                      tg.cancel_scope)
-                stages.start_soon(guarded, registration_loop, sockets.input, tg.cancel_scope)
-            tg.cancel_scope.cancel()  # every engine is ready: stop watching the outputs
+    # This task waits in the task group's body, not in its exit: on trio, an exception
+    # raised in a task group's exit (a Ctrl-C delivered while it waits for its tasks) comes
+    # out wrapped in an exception group, and the user would see that instead of a plain
+    # KeyboardInterrupt.
+    tg = anyio.create_task_group()
+    await tg.__aenter__()
+    try:
+        tg.start_soon(guarded, watch_outputs, sockets.output, False)
+        if sockets.handshake is not None:
+            tg.start_soon(guarded, handshake_loop, sockets.handshake, True)
+        tg.start_soon(guarded, registration_loop, sockets.input, True)
+        tg.start_soon(report_waiting)
+        with anyio.move_on_after(config.ready_timeout) as timeout_scope:
+            await done.wait()
+    except BaseException:
+        await _leave(tg)
+        raise
+    await _leave(tg)  # every engine is ready (or one failed): stop the other tasks
     if failure:
         raise failure[0]
     if timeout_scope.cancelled_caught:
         stage, absent = missing()
         raise HandshakeTimeoutError(stage, absent, config.ready_timeout)
     return registered
+
+
+async def _leave(tg: anyio.abc.TaskGroup) -> None:
+    """Cancel ``tg``'s tasks and wait for them; a Ctrl-C that hit one of them (trio raises
+    it in whichever task runs) comes out as the plain :class:`KeyboardInterrupt`."""
+    tg.cancel_scope.cancel()
+    try:
+        await tg.__aexit__(None, None, None)
+    except BaseExceptionGroup as group:
+        interrupt = keyboard_interrupt_in(group)
+        if interrupt is None:
+            raise
+        raise interrupt from None
+
+
+def keyboard_interrupt_in(group: BaseExceptionGroup[BaseException]
+                          ) -> KeyboardInterrupt | None:
+    """The first :class:`KeyboardInterrupt` in ``group`` (nested groups too), or None.
+
+    On trio a Ctrl-C is raised in whichever task is running, so a background task of ours
+    can end with it and its task group then raises it in a group: re-raise this one instead
+    (``raise interrupt from None``), as a plain Ctrl-C should be.
+    """
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = keyboard_interrupt_in(exc)
+            if found is not None:
+                return found
+        elif isinstance(exc, KeyboardInterrupt):
+            return exc
+    return None
+
+
+def _engines(ranks: list[int]) -> str:
+    return (f"engine {ranks[0]}" if len(ranks) == 1
+            else f"engines {', '.join(map(str, ranks))}")
+
+
+def _vllm_hint(config: EngineCoreClientConfig) -> str:
+    """How engines are pointed at a ``tcp://`` handshake address (vLLM takes no other)."""
+    scheme, _, rest = config.handshake_address.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not port.isdigit():
+        return ""
+    host = host.strip("[]")
+    if host in ("*", "0.0.0.0", "::"):
+        host = "<this host's address>"
+    extra = ""
+    if config.engine_start_index:
+        extra = (f" --data-parallel-start-rank {config.engine_start_index}"
+                 f" --data-parallel-size-local {config.engine_count} ...")
+    elif config.engine_count > 1:
+        extra = f" --data-parallel-size {config.engine_count}"
+    return (f"; engines dial it when started with `vllm serve <model> --headless "
+            f"--data-parallel-address {host} --data-parallel-rpc-port {port}{extra}`")

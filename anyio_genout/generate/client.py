@@ -11,6 +11,7 @@ import attrs
 from prometheus_client import CollectorRegistry
 
 from ..engine import EngineCoreClient, EngineCoreClientConfig
+from ..engine.handshake import keyboard_interrupt_in
 from ..metrics import Metrics, log_stats_periodically
 from .inflight import InflightRequests
 from .request import GenerateRequest, internal_request_id
@@ -151,7 +152,13 @@ class _ClientConnection:
         try:
             if self._tg is not None:
                 self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
+                try:
+                    await self._tg.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:  # trio: Ctrl-C hit the stats logger
+                    interrupt = keyboard_interrupt_in(group)
+                    if interrupt is None:
+                        raise
+                    raise interrupt from None
         finally:
             if self._client is not None and self._config.registry is not None:
                 # A shared registry must be free for the next connection's metrics.
