@@ -105,8 +105,10 @@ class EngineCoreClient(UtilityCalls):
     """A connection to one or more vLLM engine cores.
 
     Create it with ``async with EngineCoreClient.connect(config) as engine:``. Leaving the
-    block shuts everything down: sockets closed, tasks cancelled, and every open stream and
-    waiting call ends with :class:`~anyio_genout.ClientClosedError`.
+    block shuts everything down: every request the engines still run (streams still open in
+    other tasks, scopes just left) is aborted, one ABORT frame per engine, before the sockets
+    close; tasks are cancelled, and every open stream and waiting call ends with
+    :class:`~anyio_genout.ClientClosedError`.
     """
 
     def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
@@ -308,22 +310,36 @@ class EngineCoreClient(UtilityCalls):
         """Abort requests by id (unknown ids are ignored).
 
         Each aborted stream first receives a synthesized terminal output with finish reason
-        ABORT and no tokens; then one ABORT frame per engine is sent.
+        ABORT and no tokens; then one ABORT frame per engine (up to 1024 ids each) is handed
+        to ZeroMQ, before this returns. An id whose scope was left and whose ABORT is still
+        queued for the abort worker goes in that frame too (and only there).
+
+        Cancellation-safe: a cancelled caller gets the cancellation before anything is
+        done; otherwise everything is done and handed over. Raises the client's sticky error
+        if it is unhealthy (:class:`~anyio_genout.ClientClosedError` once it is closed), or
+        :class:`~anyio_genout.TransportError` if the input socket failed (which makes the
+        client unhealthy).
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
         self._raise_if_unhealthy()
         by_engine: dict[int, list[str]] = {}
         now = time.time()
+        pending = self._pending_aborts
         for rid in dict.fromkeys(request_ids):
             entry = self._registry.remove(rid)
             if entry is None:
+                engine = pending.pop(rid, None)
+                if engine is not None:  # left early, its ABORT not sent yet: send it now
+                    by_engine.setdefault(engine, []).append(rid)
                 continue
             by_engine.setdefault(entry.engine, []).append(rid)
             terminal = EngineCoreOutput(rid, [], finish_reason=EngineCoreFinishReason.ABORT)
             entry.box.put_output(now, terminal)
             entry.box.close()
-        for engine, ids in by_engine.items():
-            self._send_abort_now(engine, ids)
+        if by_engine:
+            for engine, ids in by_engine.items():
+                self._send_abort_now(engine, ids)
+            self._hand_over_input()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
     def _send_abort_now(self, engine: int, ids: list[str]) -> None:
@@ -339,6 +355,17 @@ class EngineCoreClient(UtilityCalls):
         except anyio.ClosedResourceError:
             raise ClientClosedError("engine-core client is closed") from None
         except TransportError as exc:  # a full queue was being sent, and a send failed
+            self.fail(exc)
+            raise
+
+    def _hand_over_input(self) -> None:
+        """Hand every queued input message to ZeroMQ now, in order (not at the end of the
+        event-loop pass, as :meth:`_sender` would)."""
+        try:
+            self._outbox.flush()
+        except anyio.ClosedResourceError:
+            raise ClientClosedError("engine-core client is closed") from None
+        except TransportError as exc:
             self.fail(exc)
             raise
 
@@ -372,12 +399,42 @@ class EngineCoreClient(UtilityCalls):
             if self._pending_aborts.get(rid) == engine:
                 del self._pending_aborts[rid]
                 by_engine.setdefault(engine, []).append(rid)
+        self._send_aborts(by_engine)
+
+    def _send_aborts(self, by_engine: dict[int, list[str]]) -> None:
+        """One ABORT frame per engine (more past 1024 ids); a failure is logged."""
         for engine, ids in by_engine.items():
             logger.debug("aborting %d request(s) on engine %d", len(ids), engine)
             try:
                 self._send_abort_now(engine, ids)
             except GenoutError as exc:
                 logger.warning("could not send ABORT to engine %d: %s", engine, exc)
+
+    def _abort_all_on_close(self) -> None:
+        """Closing: ABORT everything the engines may still be running, then hand every
+        queued message to ZeroMQ (before the sockets close).
+
+        That is the ids whose scopes were left with their ABORT still queued (e.g. on
+        Ctrl-C), and every request still registered: streams open in other tasks, which
+        then end with :class:`~anyio_genout.ClientClosedError` (closing removes them, so
+        nothing aborts them again). One frame per engine. An unhealthy client sends none:
+        it no longer tracks any request.
+        """
+        if self._error is None:
+            by_engine: dict[int, list[str]] = {}
+            for rid, engine in self._pending_aborts.items():
+                by_engine.setdefault(engine, []).append(rid)
+            self._pending_aborts.clear()
+            for rid, entry in self._registry.requests.items():
+                by_engine.setdefault(entry.engine, []).append(rid)
+            if by_engine:
+                logger.info("closing: aborting %d request(s) still in flight",
+                            sum(map(len, by_engine.values())))
+            self._send_aborts(by_engine)
+        try:
+            self._outbox.flush()
+        except (anyio.ClosedResourceError, TransportError) as exc:
+            logger.warning("could not send the last queued messages: %s", exc)
 
     # ------------------------------------------------------------------ the reader
 
@@ -862,12 +919,9 @@ class _Connection:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         client, tg = self._client, self._tg
         assert client is not None and tg is not None
-        # Requests whose scopes were left just now (e.g. on Ctrl-C) still get their ABORT.
-        client._flush_aborts(list(client._pending_aborts.items()))
-        try:
-            client._outbox.flush()
-        except (anyio.ClosedResourceError, TransportError) as exc:
-            logger.warning("could not send the last queued messages: %s", exc)
+        # Every request the engines still run gets its ABORT before the sockets close: those
+        # whose scopes were left just now (e.g. on Ctrl-C) and those still open elsewhere.
+        client._abort_all_on_close()
         client.fail(ClientClosedError("engine-core client is closed"))
         client._abort_send.close()
         client._sockets.close(input_linger=CLOSE_LINGER)
