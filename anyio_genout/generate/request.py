@@ -10,12 +10,13 @@ import attrs
 
 from ..errors import InvalidRequestError
 from ..protocol import EngineCoreRequest, LoRARequest, SamplingParams
+from ..protocol.sampling import token_ids
 
 __all__ = ["GenerateRequest", "internal_request_id"]
 
 
 def _token_ids(value: Iterable[int]) -> tuple[int, ...]:
-    return tuple(value)
+    return token_ids(value, "prompt_token_ids")
 
 
 @attrs.frozen(kw_only=True)
@@ -26,6 +27,12 @@ class GenerateRequest:
     ``"{request_id}-{8 hex}"`` unless created with ``randomize_request_ids=False``, so two live
     requests may share an external id. ``arrival_time`` (wall clock, seconds since the epoch)
     defaults to now; time to first token and end-to-end latency are measured from it.
+    ``prompt_token_ids`` may be a list or tuple of ints or a 1-d numpy integer array.
+
+    Construction only converts the prompt (a value that is no sequence at all raises
+    :class:`~anyio_genout.InvalidRequestError`); everything else is checked when
+    ``async with client.generate(request)`` is entered, before anything is sent, by the one
+    request validation (:meth:`EngineCoreRequest.validate`), which names the field.
     """
 
     request_id: str
@@ -40,20 +47,20 @@ class GenerateRequest:
 
     def to_engine_request(self, internal_id: str, *, eos_token_id: int | None = None
                           ) -> EngineCoreRequest:
-        """The engine request, validated; raises :class:`InvalidRequestError` before any I/O."""
-        if type(self.request_id) is not str or not self.request_id:
-            raise InvalidRequestError("request_id", "must be a non-empty string")
-        if not self.prompt_token_ids:
-            raise InvalidRequestError(
-                "prompt_token_ids", f"request {self.request_id!r} has an empty prompt")
+        """The engine request, not validated (:meth:`EngineCoreRequest.validate` does that).
+
+        Raises :class:`~anyio_genout.InvalidRequestError` only if ``sampling_params`` is not
+        a :class:`SamplingParams`, which the generate layer needs to build the request.
+        """
         params = self.sampling_params
         if not isinstance(params, SamplingParams):
-            raise InvalidRequestError("sampling_params", "must be a SamplingParams")
-        if eos_token_id is not None and params.eos_token_id is None and not params.ignore_eos:
+            raise InvalidRequestError("sampling_params", f"must be a SamplingParams, got "
+                                      f"{type(params).__name__}")
+        if eos_token_id is not None and params.eos_token_id is None and params.ignore_eos is False:
             params = attrs.evolve(params, eos_token_id=eos_token_id)
         return EngineCoreRequest(
             request_id=internal_id,
-            prompt_token_ids=tuple(self.prompt_token_ids),
+            prompt_token_ids=self.prompt_token_ids,
             sampling_params=params,
             arrival_time=time.time() if self.arrival_time is None else self.arrival_time,
             lora_request=self.lora_request,
@@ -66,5 +73,12 @@ class GenerateRequest:
 
 
 def internal_request_id(external_id: str, randomize: bool) -> str:
+    """``"{external_id}-{8 hex}"``, or ``external_id`` itself if not ``randomize``.
+
+    An id that is not a non-empty string is returned as it is, for validation to refuse it
+    as ``request_id``.
+    """
+    if not randomize or type(external_id) is not str or not external_id:
+        return external_id
     # 8 random hex characters, as uuid4().hex[:8] would give, for a fifth of the cost.
-    return f"{external_id}-{os.urandom(4).hex()}" if randomize else external_id
+    return f"{external_id}-{os.urandom(4).hex()}"

@@ -9,15 +9,28 @@ Both directions are here: the client encodes, the mock engine decodes (as strict
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
+import msgpack
+import numpy as np
 
 from ..errors import InvalidRequestError, ProtocolError
 from .arrays import describe
 from .packing import pack, unpack
-from .sampling import DEFAULT_MAX_TOKENS, SamplingParams, int_tuple
+from .sampling import (
+    DEFAULT_MAX_TOKENS,
+    INT64_MAX,
+    INT64_MIN,
+    TOKEN_MAX,
+    SamplingParams,
+    check_int,
+    check_text,
+    short_int,
+    token_ids,
+)
 
 __all__ = [
     "REQUEST_FIELDS",
@@ -56,7 +69,11 @@ _REQUIRED_FIELDS: Final = 9
 
 @attrs.frozen
 class LoRARequest:
-    """A LoRA adapter to apply (vLLM's ``LoRARequest``, positional on the wire)."""
+    """A LoRA adapter to apply (vLLM's ``LoRARequest``, positional on the wire).
+
+    vLLM refuses (its input thread dies on) an id below 1 and an empty ``lora_path``; the
+    client refuses both, and ids beyond int64, before sending.
+    """
 
     lora_name: str
     lora_int_id: int
@@ -66,12 +83,20 @@ class LoRARequest:
         return [self.lora_name, self.lora_int_id, self.lora_path]
 
 
+def _prompt_ids(value: Sequence[int]) -> tuple[int, ...]:
+    return token_ids(value, "prompt_token_ids")
+
+
 @attrs.frozen(kw_only=True)
 class EngineCoreRequest:
-    """One generation request as the engine sees it (token ids in, n=1)."""
+    """One generation request as the engine sees it (token ids in, n=1).
+
+    ``prompt_token_ids`` may be any sequence of ints, or a 1-d numpy integer array (converted
+    once, to Python ints); numpy integer scalars in a sequence are accepted too.
+    """
 
     request_id: str
-    prompt_token_ids: tuple[int, ...] = attrs.field(converter=int_tuple)
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=_prompt_ids)
     sampling_params: SamplingParams
     arrival_time: float
     max_tokens: int | None = None
@@ -91,33 +116,40 @@ class EngineCoreRequest:
         max_model_len: int | None = None,
         max_logprobs: int | None = None,
     ) -> None:
-        """Raise :class:`InvalidRequestError` for anything a real engine would choke on."""
-        if type(self.request_id) is not str or not self.request_id:
-            raise InvalidRequestError("request_id", "must be a non-empty string")
-        if not self.prompt_token_ids:
+        """Raise :class:`InvalidRequestError` naming the field for anything a real engine
+        would choke on, or its front end refuse, or msgpack fail to encode.
+
+        This is the client's one request validation (the engine client runs it before
+        sending). It is exactly what vLLM 0.32's msgspec decoder, ``SamplingParams`` checks
+        and front-end checks accept, narrowed where the engine would fail later (token ids
+        outside ``[0, vocab_size)``, ``n`` other than 1); see docs/errors.md.
+        """
+        # Each field's common case is checked inline (this runs per request); the check_*
+        # calls give the exact error.
+        rid = self.request_id
+        if not (type(rid) is str and rid and rid.isascii()):
+            check_text(rid, "request_id", allow_empty=False)
+        prompt = self.prompt_token_ids
+        count = len(prompt)
+        if not count:
             raise InvalidRequestError("prompt_token_ids", "must not be empty")
-        for i, token in enumerate(self.prompt_token_ids):
-            if type(token) is not int or token < 0 or token > 2**31 - 1:
-                raise InvalidRequestError(
-                    f"prompt_token_ids[{i}]", f"must be a non-negative int32, got {token!r}"
-                )
-            if vocab_size is not None and token >= vocab_size:
-                raise InvalidRequestError(
-                    f"prompt_token_ids[{i}]",
-                    f"token id {token} is out of vocabulary (vocab_size={vocab_size})",
-                )
-        if max_model_len is not None and len(self.prompt_token_ids) >= max_model_len:
+        if max_model_len is not None and count >= max_model_len:
             raise InvalidRequestError(
                 "prompt_token_ids",
-                f"prompt of {len(self.prompt_token_ids)} tokens leaves no room to generate "
+                f"prompt of {count} tokens leaves no room to generate "
                 f"(max_model_len={max_model_len})",
             )
+        top = TOKEN_MAX if vocab_size is None else min(vocab_size - 1, TOKEN_MAX)
+        for token in prompt:  # the lean loop (no enumerate) is faster than C-loop tricks
+            if type(token) is not int or token < 0 or token > top:
+                # The slow path: names the first bad token; numpy integers pass.
+                _check_prompt(prompt, vocab_size, top)
+                break
         if not isinstance(self.sampling_params, SamplingParams):
             raise InvalidRequestError("sampling_params", "must be a SamplingParams")
         self.sampling_params.validate(vocab_size=vocab_size, max_logprobs=max_logprobs)
-        if self.max_tokens is not None and (type(self.max_tokens) is not int
-                                            or self.max_tokens < 1):
-            raise InvalidRequestError("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if self.max_tokens is not None:
+            check_int(self.max_tokens, "max_tokens", low=1)
         # min_tokens must fit the max_tokens the engine will actually see: this request's
         # override, else the sampling parameters', else what the client fills in from
         # max_model_len, else (nothing to fill it in from) the engine's default of 16.
@@ -126,37 +158,40 @@ class EngineCoreRequest:
             self.sampling_params.max_tokens
         if limit is None:
             limit = (DEFAULT_MAX_TOKENS if max_model_len is None
-                     else max_model_len - len(self.prompt_token_ids))
+                     else max_model_len - count)
         if self.sampling_params.min_tokens > limit:
             raise InvalidRequestError(
                 "min_tokens", f"must be at most the request's max_tokens ({limit}), got "
                 f"{self.sampling_params.min_tokens}"
             )
-        if type(self.arrival_time) not in (int, float):
-            raise InvalidRequestError("arrival_time", "must be a number (seconds since epoch)")
-        if self.cache_salt is not None and (type(self.cache_salt) is not str
-                                            or not self.cache_salt):
-            raise InvalidRequestError("cache_salt", "must be a non-empty string or None")
-        if self.data_parallel_rank is not None and (
-            type(self.data_parallel_rank) is not int or self.data_parallel_rank < 0
-        ):
-            raise InvalidRequestError("data_parallel_rank", "must be a non-negative int")
-        if type(self.priority) is not int or not -(2**63) <= self.priority < 2**63:
-            raise InvalidRequestError("priority", "must be a 64-bit integer")
-        if self.trace_headers is not None and not (
-            isinstance(self.trace_headers, Mapping)
-            and all(type(k) is str and type(v) is str for k, v in self.trace_headers.items())
-        ):
-            raise InvalidRequestError("trace_headers", "must map strings to strings")
-        if self.lora_request is not None and not isinstance(self.lora_request, LoRARequest):
-            raise InvalidRequestError("lora_request", "must be a LoRARequest")
+        arrival = self.arrival_time
+        if not (type(arrival) is float and math.isfinite(arrival)):
+            _check_arrival_time(arrival)
+        if self.lora_request is not None:
+            _check_lora(self.lora_request)
+        if self.cache_salt is not None:
+            check_text(self.cache_salt, "cache_salt", allow_empty=False)
+        if self.data_parallel_rank is not None:
+            check_int(self.data_parallel_rank, "data_parallel_rank", low=0)
+        index, wave, priority = self.client_index, self.current_wave, self.priority
+        if not (type(index) is int and 0 <= index <= INT64_MAX):
+            check_int(index, "client_index", low=0)
+        if not (type(wave) is int and INT64_MIN <= wave <= INT64_MAX):
+            check_int(wave, "current_wave")
+        if not (type(priority) is int and INT64_MIN <= priority <= INT64_MAX):
+            check_int(priority, "priority")
+        if self.trace_headers is not None:
+            _check_trace_headers(self.trace_headers)
+        external = self.external_req_id
+        if external is not None and not (type(external) is str and external.isascii()):
+            check_text(external, "external_req_id")
 
     def to_wire(self) -> list[Any]:
         """The 22-element positional array vLLM's decoder expects."""
         lora = self.lora_request.to_wire() if self.lora_request is not None else None
         return [
             self.request_id,
-            list(self.prompt_token_ids),
+            self.prompt_token_ids,
             None,  # mm_features
             self.sampling_params.wire_for_request(self.max_tokens),
             None,  # pooling_params
@@ -180,9 +215,70 @@ class EngineCoreRequest:
         ]
 
 
+def _check_prompt(prompt: tuple[Any, ...], vocab_size: int | None, top: int) -> None:
+    for i, token in enumerate(prompt):
+        if type(token) is not int:
+            if not isinstance(token, np.integer):
+                raise InvalidRequestError(
+                    f"prompt_token_ids[{i}]",
+                    f"token ids must be integers, got {type(token).__name__}")
+            token = int(token)
+        if 0 <= token <= top:
+            continue
+        if vocab_size is not None and token >= vocab_size and token >= 0:
+            raise InvalidRequestError(
+                f"prompt_token_ids[{i}]",
+                f"token id {short_int(token)} is out of vocabulary (vocab_size={vocab_size})")
+        raise InvalidRequestError(f"prompt_token_ids[{i}]",
+                                  f"must be a non-negative int32, got {short_int(token)}")
+
+
+def _check_arrival_time(value: object) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise InvalidRequestError("arrival_time", f"must be a number (seconds since the "
+                                  f"epoch), got {type(value).__name__}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise InvalidRequestError("arrival_time", "must be a finite number of seconds since "
+                                  "the epoch")
+
+
+def _check_lora(lora: object) -> None:
+    if not isinstance(lora, LoRARequest):
+        raise InvalidRequestError("lora_request", f"must be a LoRARequest, got "
+                                  f"{type(lora).__name__}")
+    check_text(lora.lora_name, "lora_request.lora_name")
+    check_int(lora.lora_int_id, "lora_request.lora_int_id", low=1, high=INT64_MAX)
+    check_text(lora.lora_path, "lora_request.lora_path", allow_empty=False)
+
+
+def _check_trace_headers(headers: object) -> None:
+    if not isinstance(headers, Mapping):
+        raise InvalidRequestError("trace_headers", f"must map strings to strings, got "
+                                  f"{type(headers).__name__}")
+    for key, value in headers.items():
+        if not isinstance(key, str):
+            raise InvalidRequestError("trace_headers", f"keys must be strings, got "
+                                      f"{type(key).__name__}")
+        check_text(key, f"trace_headers[{key!r}]")
+        check_text(value, f"trace_headers[{key!r}]")
+
+
+def _wire_default(value: object) -> int:
+    # msgpack's hook for what it cannot encode: numpy integers in a prompt (validate
+    # accepted them); everything else a validated request holds is a plain Python value.
+    if isinstance(value, np.integer):
+        return int(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
 def encode_add(request: EngineCoreRequest) -> list[bytes]:
     """Frames ``[ADD, payload]`` for ``request`` (validate it first)."""
-    return [RequestType.ADD.value, pack(request.to_wire())]
+    payload = msgpack.packb(request.to_wire(), use_bin_type=True, default=_wire_default)
+    return [RequestType.ADD.value, payload]
 
 
 def encode_abort(request_ids: Sequence[str]) -> list[bytes]:
@@ -232,7 +328,7 @@ def decode_request(frames: Sequence[bytes]) -> AddRequest | AbortRequest | Utili
         kind = RequestType(bytes(frames[0]))
     except ValueError:
         raise ProtocolError(f"request: unknown request type {bytes(frames[0])!r}") from None
-    payload = unpack(frames[1], f"{kind.name} request")
+    payload = _unpack_request(frames[1], f"{kind.name} request")
     if kind is RequestType.ABORT:
         if type(payload) is not list or not all(type(r) is str for r in payload):
             raise ProtocolError("ABORT request: expected a list of request id strings")
@@ -358,7 +454,9 @@ def _decode_add(payload: object) -> AddRequest:
         raise ProtocolError(f"{where}.prompt_token_ids: expected a list of int, got "
                             f"{describe(prompt)}")
     if sampling is None:
-        sampling = {}
+        # vLLM: "sampling_params and pooling_params can't both be unset" (pooling is never
+        # set for a generation engine), raised in the input thread.
+        raise ProtocolError(f"{where}.sampling_params: expected a map, got nil")
     if type(sampling) is not dict or not all(type(k) is str for k in sampling):
         raise ProtocolError(f"{where}.sampling_params: expected a map with str keys, got "
                             f"{describe(sampling)}")
@@ -378,17 +476,11 @@ def _decode_add(payload: object) -> AddRequest:
         if not check(fields[index]):
             raise ProtocolError(f"{where}.{REQUEST_FIELDS[index]}: expected {description}, got "
                                 f"{describe(fields[index])}")
-    lora_request = None
-    if lora is not None:
-        if (type(lora) is not list or len(lora) < 2 or type(lora[0]) is not str
-                or type(lora[1]) is not int or (len(lora) > 2 and type(lora[2]) is not str)):
-            raise ProtocolError(f"{where}.lora_request: expected [name, id, path, ...], got "
-                                f"{describe(lora)}")
-        lora_request = LoRARequest(lora[0], lora[1], lora[2] if len(lora) > 2 else "")
+    lora_request = None if lora is None else _decode_lora(lora, f"{where}.lora_request")
+    _verify_sampling(sampling, f"{where}.sampling_params")
     try:
         params = SamplingParams.from_wire(sampling)
-        params.validate()
-    except (InvalidRequestError, TypeError, ValueError) as exc:
+    except (InvalidRequestError, TypeError, ValueError) as exc:  # pragma: no cover - checked
         raise ProtocolError(f"{where}.sampling_params: {exc}") from None
     request = EngineCoreRequest(
         request_id=rid,
@@ -406,3 +498,117 @@ def _decode_add(payload: object) -> AddRequest:
         external_req_id=fields[16],
     )
     return AddRequest(request, sampling)
+
+
+def _unpack_request(data: bytes, what: str) -> Any:
+    try:
+        return unpack(data, what)
+    except ProtocolError:
+        # msgpack-python cannot build a dict whose key is an array (a list is unhashable);
+        # msgspec, vLLM's decoder, makes such a key a tuple (``extra_args`` may nest them).
+        # Decode again that way; a message that still fails is refused as before.
+        try:
+            return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True,
+                                   ext_hook=_no_ext, object_pairs_hook=_hashable_pairs)
+        except Exception:
+            pass
+        raise
+
+
+def _no_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack extension type {code} in a request")
+
+
+def _hashable_pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    return {_hashable(k): v for k, v in pairs}
+
+
+def _hashable(key: Any) -> Any:
+    if type(key) is list:
+        return tuple(_hashable(k) for k in key)
+    return key
+
+
+def _decode_lora(lora: object, where: str) -> LoRARequest:
+    # vLLM's LoRARequest: array_like [lora_name: str, lora_int_id: int, lora_path: str = "",
+    # base_model_name: str | None, load_inplace: bool, is_3d_lora_weight: bool]; extra
+    # trailing fields are ignored; __post_init__ refuses an id below 1 and asserts a path.
+    if type(lora) is not list or len(lora) < 2:
+        raise ProtocolError(f"{where}: expected an array of at least 2 fields, got "
+                            f"{describe(lora)}")
+    checks: tuple[tuple[str, Callable[[object], bool], str], ...] = (
+        ("lora_name", _is_str, "str"),
+        ("lora_int_id", _is_int, "int"),
+        ("lora_path", _is_str, "str"),
+        ("base_model_name", _optional(_is_str), "str or nil"),
+        ("load_inplace", _is_bool, "bool"),
+        ("is_3d_lora_weight", _is_bool, "bool"),
+    )
+    for (name, check, expected), value in zip(checks, lora, strict=False):
+        if not check(value):
+            raise ProtocolError(f"{where}.{name}: expected {expected}, got {describe(value)}")
+    path = lora[2] if len(lora) > 2 else ""
+    if lora[1] < 1:
+        raise ProtocolError(f"{where}.lora_int_id: id must be > 0, got {lora[1]}")
+    if not path:
+        raise ProtocolError(f"{where}.lora_path: AssertionError: lora_path cannot be empty")
+    return LoRARequest(lora[0], lora[1], path)
+
+
+#: ``VLLM_MAX_N_SEQUENCES``' default.
+_MAX_N_SEQUENCES: Final = 16384
+_SAMPLING_EPS: Final = 1e-5
+
+
+def _verify_sampling(w: Mapping[str, Any], where: str) -> None:
+    """vLLM 0.32's ``SamplingParams.__post_init__`` checks (``_verify_args``), which its
+    msgspec decoder runs on every ADD (a failure kills the input thread); types were
+    checked already (``_SAMPLING_TYPES``).
+
+    Only these: the front end's checks (vocabulary, ``max_logprobs``, prompt length) are
+    not the engine's, and an engine that accepts a request may still die on it later (a
+    token id out of vocabulary), as the mock engine's scheduler does.
+    """
+    def fail(key: str, message: str) -> ProtocolError:
+        return ProtocolError(f"{where}.{key}: {message}")
+
+    n = w.get("n", 1)
+    if not 1 <= n <= _MAX_N_SEQUENCES:
+        raise fail("n", f"must be in [1, {_MAX_N_SEQUENCES}], got {n}")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if not -2.0 <= w.get(key, 0.0) <= 2.0:
+            raise fail(key, f"must be in [-2, 2], got {w[key]}")
+    penalty = w.get("repetition_penalty", 1.0)
+    if not (math.isfinite(penalty) and penalty > 0.0):
+        raise fail("repetition_penalty", f"must be finite and > 0, got {penalty}")
+    temperature = w.get("temperature", 1.0)
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= 2.0):
+        raise fail("temperature", f"must be in [0, 2], got {temperature}")
+    if not 0.0 < w.get("top_p", 1.0) <= 1.0:
+        raise fail("top_p", f"must be in (0, 1], got {w['top_p']}")
+    if w.get("top_k", 0) < -1:
+        raise fail("top_k", f"must be 0 (disable), or at least 1, got {w['top_k']}")
+    if not 0.0 <= w.get("min_p", 0.0) <= 1.0:
+        raise fail("min_p", f"must be in [0, 1], got {w['min_p']}")
+    # max_tokens nil decodes; the engine's preprocessing then fails (Request asserts it
+    # is set), which vLLM turns into a request-scoped error output, not a dead thread.
+    max_tokens = w.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if max_tokens is not None and max_tokens < 1:
+        raise fail("max_tokens", f"must be at least 1, got {max_tokens}")
+    min_tokens = w.get("min_tokens", 0)
+    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+        raise fail("min_tokens", f"must be in [0, max_tokens={max_tokens}], got {min_tokens}")
+    for key in ("logprobs", "prompt_logprobs"):
+        value = w.get(key)
+        if value is not None and value < -1:
+            raise fail(key, f"must be non-negative or -1, got {value}")
+    stop = w.get("stop")
+    stops = [stop] if type(stop) is str else (stop or [])
+    if any(not text for text in stops):
+        raise fail("stop", "cannot contain an empty string")
+    if stops and not w.get("detokenize", True):
+        raise fail("stop", "stop strings are only supported when detokenize is True")
+    if any(not word for word in w.get("bad_words") or []):
+        raise fail("bad_words", "cannot contain an empty string")
+    if temperature < _SAMPLING_EPS and n > 1:
+        raise fail("n", f"must be 1 when using greedy sampling, got {n}")

@@ -4,17 +4,21 @@ On the wire this is a msgpack *map* keyed by vLLM's field names, default values 
 including the private keys ``_eos_token_id`` (without it the engine never stops on EOS),
 ``_all_stop_token_ids`` (stop tokens ``min_tokens`` must hold back) and
 ``_bad_words_token_ids``. A malformed request silently kills a real engine's input thread, so
-every check vLLM's own front end makes runs here, before anything is sent, and failures raise
-:class:`~anyio_genout.InvalidRequestError` naming the field.
+every check vLLM makes (its msgspec decoder's types, ``SamplingParams._verify_args`` and the
+front end's ``verify``) runs here, before anything is sent, and failures raise
+:class:`~anyio_genout.InvalidRequestError` naming the field. This module also holds the
+field checks :mod:`.requests` uses for the rest of ``EngineCoreRequest``: together they are
+the client's one validation, and nothing they accept fails to encode.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
+import numpy as np
 
 from ..errors import InvalidRequestError
 
@@ -24,25 +28,67 @@ __all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
 DEFAULT_MAX_TOKENS: Final = 16
 #: ``RequestOutputKind.DELTA``: the engine always sends deltas; vLLM's front end says so.
 OUTPUT_KIND_DELTA: Final = 1
-_INT64_MIN: Final = -(2**63)
-_UINT64_MAX: Final = 2**64 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+#: msgpack (and so vLLM's msgspec ``int``) holds integers in [INT64_MIN, UINT64_MAX].
+UINT64_MAX: Final = 2**64 - 1
+#: Token ids index int32 tensors in the engine.
+TOKEN_MAX: Final = 2**31 - 1
+#: How deeply ``extra_args`` may nest (msgpack itself stops at 512).
+MAX_EXTRA_ARGS_DEPTH: Final = 32
+
+
+def _sequence(value: Any, field: str) -> tuple[Any, ...]:
+    if type(value) is tuple:
+        return value
+    if type(value) is list:
+        return tuple(value)
+    if isinstance(value, str | bytes | Mapping):
+        raise InvalidRequestError(field, f"must be a sequence of token ids, got "
+                                  f"{type(value).__name__}")
+    try:
+        return tuple(value)
+    except TypeError:
+        raise InvalidRequestError(field, f"must be a sequence of token ids, got "
+                                  f"{type(value).__name__}") from None
+
+
+def token_ids(value: Iterable[int], field: str = "prompt_token_ids") -> tuple[int, ...]:
+    """Convert token ids once: a tuple as is, a 1-d numpy array through ``tolist()`` (its
+    elements become Python ints in one C loop), any other iterable through ``tuple()``.
+
+    Element types and ranges are checked by ``validate``, not here.
+    """
+    if type(value) is list:
+        return tuple(value)
+    if type(value) is tuple:
+        return value
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        return tuple(value.tolist())
+    return _sequence(value, field)
 
 
 def int_tuple(value: Iterable[int]) -> tuple[int, ...]:
-    """attrs converter for token id fields (typed, unlike ``converter=tuple``)."""
-    return tuple(value)
+    """attrs converter for ``stop_token_ids`` (typed, unlike ``converter=tuple``)."""
+    return token_ids(value, "stop_token_ids")
 
 
-def _token_list(value: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if value is None else tuple(value)
+def _token_list(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else token_ids(value, "allowed_token_ids")
 
 
 def _token_sequences(value: Iterable[Iterable[int]]) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(v) for v in value)
+    sequences = _sequence(value, "stop_token_sequences")
+    if not sequences:
+        return ()
+    return tuple(token_ids(v, f"stop_token_sequences[{i}]") for i, v in enumerate(sequences))
 
 
-def _token_lists(value: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...] | None:
-    return None if value is None else tuple(tuple(v) for v in value)
+def _token_lists(value: Iterable[Iterable[int]] | None) -> tuple[tuple[int, ...], ...] | None:
+    if value is None:
+        return None
+    return tuple(token_ids(v, f"bad_words_token_ids[{i}]")
+                 for i, v in enumerate(_sequence(value, "bad_words_token_ids")))
 
 
 @attrs.frozen(kw_only=True)
@@ -91,7 +137,12 @@ class SamplingParams:
         default=None, init=False, eq=False, repr=False)
 
     def validate(self, *, vocab_size: int | None = None, max_logprobs: int | None = None) -> None:
-        """Raise :class:`InvalidRequestError` for anything vLLM would reject or die on."""
+        """Raise :class:`InvalidRequestError` for anything vLLM would reject or die on.
+
+        ``vocab_size`` bounds every token id; ``max_logprobs`` is the engine's limit on
+        ``logprobs`` and ``prompt_logprobs`` (``-1``: the vocabulary size, as in vLLM). A
+        successful check is remembered per ``(vocab_size, max_logprobs)``.
+        """
         key = (vocab_size, max_logprobs)
         if self._validated_for == key:
             return
@@ -100,7 +151,7 @@ class SamplingParams:
             object.__setattr__(self, "_validated_for", key)
 
     def _validate(self, vocab_size: int | None, max_logprobs: int | None) -> None:
-        _check_int(self.n, "n", low=1)
+        check_int(self.n, "n", low=1)
         if self.n != 1:
             raise InvalidRequestError("n", f"must be 1 (the engine samples one sequence per "
                                       f"request; fan out on the client), got {self.n}")
@@ -119,65 +170,56 @@ class SamplingParams:
         _check_float(self.top_p, "top_p", 0.0, 1.0)
         if self.top_p <= 0.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
-        _check_int(self.top_k, "top_k", low=-1)
+        check_int(self.top_k, "top_k", low=-1)
         _check_float(self.min_p, "min_p", 0.0, 1.0)
         if self.seed is not None:
-            _check_int(self.seed, "seed", low=_INT64_MIN, high=_UINT64_MAX)
+            check_int(self.seed, "seed", low=INT64_MIN, high=UINT64_MAX)
         if self.max_tokens is not None:
-            _check_int(self.max_tokens, "max_tokens", low=1)
-        _check_int(self.min_tokens, "min_tokens", low=0)
+            check_int(self.max_tokens, "max_tokens", low=1)
+        check_int(self.min_tokens, "min_tokens", low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidRequestError(
                 "min_tokens",
                 f"must be at most max_tokens={self.max_tokens}, got {self.min_tokens}",
             )
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            _check_int(value, name, low=-1)
-            if max_logprobs is not None and value > max_logprobs:
-                raise InvalidRequestError(
-                    name, f"at most {max_logprobs} are allowed by the engine, got {value}"
-                )
-        if not isinstance(self.ignore_eos, bool):
+        if self.logprobs is not None:
+            _check_logprobs(self.logprobs, "logprobs", vocab_size, max_logprobs)
+        if self.prompt_logprobs is not None:
+            _check_logprobs(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs)
+        if type(self.ignore_eos) is not bool:
             raise InvalidRequestError("ignore_eos", "must be a bool")
         if self.eos_token_id is not None:
-            _check_token(self.eos_token_id, "eos_token_id", vocab_size)
+            check_token(self.eos_token_id, "eos_token_id", vocab_size)
         for i, token in enumerate(self.stop_token_ids):
-            _check_token(token, f"stop_token_ids[{i}]", vocab_size)
+            check_token(token, f"stop_token_ids[{i}]", vocab_size)
         for i, seq in enumerate(self.stop_token_sequences):
             if not seq:
                 raise InvalidRequestError(f"stop_token_sequences[{i}]", "must not be empty")
             for j, token in enumerate(seq):
-                _check_token(token, f"stop_token_sequences[{i}][{j}]", vocab_size)
+                check_token(token, f"stop_token_sequences[{i}][{j}]", vocab_size)
         if self.bad_words_token_ids is not None:
             for i, seq in enumerate(self.bad_words_token_ids):
                 if not seq:
                     raise InvalidRequestError(f"bad_words_token_ids[{i}]", "must not be empty")
                 for j, token in enumerate(seq):
-                    _check_token(token, f"bad_words_token_ids[{i}][{j}]", vocab_size)
+                    check_token(token, f"bad_words_token_ids[{i}][{j}]", vocab_size)
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise InvalidRequestError("allowed_token_ids", "must not be empty")
             for i, token in enumerate(self.allowed_token_ids):
-                _check_token(token, f"allowed_token_ids[{i}]", vocab_size)
+                check_token(token, f"allowed_token_ids[{i}]", vocab_size)
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise InvalidRequestError("logit_bias", "must be a mapping of token id to bias")
             for token, bias in self.logit_bias.items():
-                _check_token(token, f"logit_bias[{token!r}]", vocab_size)
+                check_token(token, f"logit_bias[{token!r}]", vocab_size)
                 _check_float(bias, f"logit_bias[{token!r}]", -math.inf, math.inf)
-        if self.skip_reading_prefix_cache is not None and not isinstance(
-            self.skip_reading_prefix_cache, bool
-        ):
+        if self.skip_reading_prefix_cache is not None and type(
+            self.skip_reading_prefix_cache
+        ) is not bool:
             raise InvalidRequestError("skip_reading_prefix_cache", "must be a bool or None")
         if self.extra_args is not None:
-            if not isinstance(self.extra_args, Mapping) or not all(
-                isinstance(k, str) for k in self.extra_args
-            ):
-                raise InvalidRequestError("extra_args", "must be a mapping with string keys")
-            _check_plain(self.extra_args, "extra_args")
+            _check_extra_args(self.extra_args)
 
     def wire_for_request(self, max_tokens: int | None) -> dict[str, Any]:
         """:meth:`to_wire`, memoised per ``max_tokens``; the result must not be mutated."""
@@ -289,55 +331,127 @@ class SamplingParams:
         return frozenset(ids)
 
 
-def _check_int(value: object, field: str, *, low: int | None = None,
-               high: int | None = None) -> None:
+def check_int(value: object, field: str, *, low: int = INT64_MIN,
+              high: int = INT64_MAX) -> None:
+    """An ``int`` (not a bool) in ``[low, high]`` (by default: a 64-bit signed integer)."""
     if type(value) is not int:
         raise InvalidRequestError(field, f"must be an integer, got {type(value).__name__}")
-    if low is not None and value < low:
-        raise InvalidRequestError(field, f"must be at least {low}, got {value}")
-    if high is not None and value > high:
-        raise InvalidRequestError(field, f"must be at most {high}, got {value}")
+    if value < low:
+        raise InvalidRequestError(field, f"must be at least {low}, got {short_int(value)}")
+    if value > high:
+        raise InvalidRequestError(field, f"must be at most {high}, got {short_int(value)}")
+
+
+def check_text(value: object, field: str, *, allow_empty: bool = True) -> None:
+    """A ``str`` that UTF-8 can encode (no lone surrogates), non-empty unless allowed."""
+    if not isinstance(value, str):
+        raise InvalidRequestError(field, f"must be a string, got {type(value).__name__}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRequestError(
+                field, f"is not valid Unicode text: lone surrogate {value[exc.start]!r} at "
+                f"index {exc.start}") from None
+    elif not value and not allow_empty:
+        raise InvalidRequestError(field, "must not be empty")
+
+
+def short_int(value: int) -> str:
+    """``str(value)``, or its size for a huge integer."""
+    # Never build the decimal text of a huge integer (Python refuses past 4300 digits).
+    return str(value) if -(10**30) < value < 10**30 else f"an integer of {value.bit_length()} bits"
 
 
 def _check_float(value: object, field: str, low: float, high: float) -> None:
     # Fast path (this runs per request): NaN fails the comparison, and so does an infinity
-    # unless the range itself is unbounded on that side, exactly as the checks below.
-    if (type(value) is float or type(value) is int) and low <= value <= high:
+    # unless the range itself is unbounded on that side.
+    if type(value) is float and low <= value <= high:
         return
-    if type(value) not in (int, float):
+    if type(value) is int:
+        try:
+            number = float(value)  # what the wire will carry
+        except OverflowError:
+            raise InvalidRequestError(
+                field, f"must be in [{low:g}, {high:g}], got {short_int(value)}") from None
+    elif type(value) is float:
+        number = value
+    else:
         raise InvalidRequestError(field, f"must be a number, got {type(value).__name__}")
-    assert isinstance(value, int | float)
-    if math.isnan(value) or (math.isinf(value) and not (math.isinf(low) or math.isinf(high))):
-        raise InvalidRequestError(field, f"must be a finite number, got {value}")
-    if not low <= value <= high:
-        raise InvalidRequestError(field, f"must be in [{low:g}, {high:g}], got {value}")
+    if math.isnan(number):
+        raise InvalidRequestError(field, f"must be a number, got {number}")
+    if not low <= number <= high:
+        if math.isinf(number):
+            raise InvalidRequestError(field, f"must be a finite number, got {number}")
+        raise InvalidRequestError(field, f"must be in [{low:g}, {high:g}], got {number}")
 
 
-def _check_token(value: object, field: str, vocab_size: int | None) -> None:
+def _check_logprobs(value: object, field: str, vocab_size: int | None,
+                    max_logprobs: int | None) -> None:
+    # vLLM: -1 or non-negative (_verify_args); the front end then counts -1 as the whole
+    # vocabulary and refuses more than max_logprobs (itself -1 for "the vocabulary").
+    check_int(value, field, low=-1)
+    assert isinstance(value, int)
+    if not value or max_logprobs is None:
+        return
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    if limit is None:
+        return
+    if value == -1:
+        if vocab_size is None or vocab_size > limit:
+            raise InvalidRequestError(
+                field, f"-1 asks for the whole vocabulary ({vocab_size or 'unknown size'}), "
+                f"more than the engine allows (max_logprobs={max_logprobs})")
+    elif value > limit:
+        raise InvalidRequestError(
+            field, f"at most {limit} are allowed by the engine (max_logprobs="
+            f"{max_logprobs}), got {short_int(value)}")
+
+
+def check_token(value: object, field: str, vocab_size: int | None) -> None:
+    """A token id: an ``int`` in ``[0, vocab_size)`` that fits int32."""
     if type(value) is not int:
         raise InvalidRequestError(field, f"token ids must be integers, got {type(value).__name__}")
     if value < 0:
-        raise InvalidRequestError(field, f"token id must be non-negative, got {value}")
+        raise InvalidRequestError(field, f"token id must be non-negative, got {short_int(value)}")
     if vocab_size is not None and value >= vocab_size:
         raise InvalidRequestError(
-            field, f"token id {value} is out of vocabulary (vocab_size={vocab_size})"
+            field, f"token id {short_int(value)} is out of vocabulary (vocab_size={vocab_size})"
         )
-    if value > 2**31 - 1:
-        raise InvalidRequestError(field, f"token id {value} does not fit in int32")
+    if value > TOKEN_MAX:
+        raise InvalidRequestError(field, f"token id {short_int(value)} does not fit in int32")
 
 
-def _check_plain(value: object, field: str, depth: int = 0) -> None:
-    if depth > 32:
-        raise InvalidRequestError(field, "nested too deeply")
-    if value is None or isinstance(value, bool | str | float):
+def _check_extra_args(value: object) -> None:
+    # vLLM decodes extra_args as dict[str, Any]: string keys at the top, then anything
+    # msgpack carries (a tuple key arrives as a tuple). Only what msgpack can encode passes.
+    if not isinstance(value, Mapping):
+        raise InvalidRequestError("extra_args", f"must be a mapping with string keys, got "
+                                  f"{type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise InvalidRequestError("extra_args", f"keys must be strings, got "
+                                      f"{type(key).__name__} {key!r}")
+        check_text(key, f"extra_args[{key!r}]")
+        _check_plain(item, f"extra_args[{key!r}]", 1)
+
+
+def _check_plain(value: object, field: str, depth: int) -> None:
+    if depth > MAX_EXTRA_ARGS_DEPTH:
+        raise InvalidRequestError(field, f"nested more than {MAX_EXTRA_ARGS_DEPTH} deep")
+    if value is None or isinstance(value, bool | float | bytes | bytearray):
+        return
+    if isinstance(value, str):
+        check_text(value, field)
         return
     if isinstance(value, int):
-        if not _INT64_MIN <= value <= _UINT64_MAX:
-            raise InvalidRequestError(field, "integers must fit in 64 bits")
+        if not INT64_MIN <= value <= UINT64_MAX:
+            raise InvalidRequestError(field, f"integers must fit in 64 bits, got "
+                                      f"{short_int(value)}")
         return
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):  # msgpack encodes dicts, not other mappings
         for k, v in value.items():
-            _check_plain(k, field, depth + 1)
+            _check_plain(k, f"{field} key {k!r}", depth + 1)
             _check_plain(v, f"{field}[{k!r}]", depth + 1)
         return
     if isinstance(value, list | tuple):

@@ -140,17 +140,20 @@ def test_prepare_can_preserve_external_request_id() -> None:
 
 
 def test_prepare_rejects_empty_prompt_tokens() -> None:
+    # to_engine_request only builds; the one validation (validate) refuses.
     with pytest.raises(InvalidRequestError) as info:
-        _request(prompt_token_ids=[]).to_engine_request("req-1-x")
+        _request(prompt_token_ids=[]).to_engine_request("req-1-x").validate()
     assert info.value.field == "prompt_token_ids"
-    assert "'req-1'" in str(info.value) and "empty prompt" in str(info.value)
+    assert "must not be empty" in str(info.value)
 
 
 @pytest.mark.parametrize("bad", [{"request_id": ""}, {"request_id": 7},
                                  {"sampling_params": {"max_tokens": 3}}])
 def test_prepare_rejects_invalid_fields(bad: dict[str, object]) -> None:
-    with pytest.raises(InvalidRequestError):
-        _request(**bad).to_engine_request("x")
+    request = _request(**bad)
+    with pytest.raises(InvalidRequestError) as info:
+        request.to_engine_request(internal_request_id(request.request_id, True)).validate()
+    assert info.value.field == next(iter(bad))
 
 
 def test_prepare_fills_eos_token_id_unless_set_or_ignored() -> None:
