@@ -26,8 +26,9 @@ class ClientConfig:
 
     ``eos_token_id`` is filled into requests whose sampling parameters name none (unless they
     ignore EOS): without it the engine never stops on end-of-sequence. ``vocab_size`` (also
-    settable on ``engine``) makes the client refuse out-of-vocabulary token ids, which would
-    kill a real engine. Metrics go to ``registry``, or to a private registry if None.
+    settable on ``engine``; if both are set they must agree) makes the client refuse
+    out-of-vocabulary token ids, which would kill a real engine. Metrics go to ``registry``,
+    or to a private registry if None.
 
     ``randomize_request_ids=False`` sends the engine each request's own id instead of
     ``"{id}-{8 hex}"``. Then ids must be unique among live requests, and reusing the id of an
@@ -62,6 +63,7 @@ class Client:
 
     def __init__(self, engine: EngineCoreClient, config: ClientConfig | None = None) -> None:
         self._config = config or ClientConfig(engine=engine.config)
+        _check_vocab_size(self._config.vocab_size, engine.config)
         self._engine = engine
         self._inflight = InflightRequests()
         self._metrics = Metrics(self._config.registry, model_name=self._config.model_name,
@@ -94,16 +96,13 @@ class Client:
     def generate(self, request: GenerateRequest) -> GenerateStream:
         """Start ``request``: ``async with client.generate(request) as stream:``.
 
-        An empty prompt raises :class:`~anyio_genout.InvalidRequestError` here; every other
-        check runs when the ``async with`` block is entered, before anything is sent. See
+        The request is validated when the ``async with`` block is entered, before anything
+        is sent (:class:`~anyio_genout.InvalidRequestError` names the field). See
         :class:`GenerateStream` for what leaving the block early does.
         """
         internal = internal_request_id(request.request_id, self._config.randomize_request_ids)
         engine_request = request.to_engine_request(internal,
                                                    eos_token_id=self._config.eos_token_id)
-        vocab = self._config.vocab_size
-        if vocab is not None and self._engine.config.vocab_size is None:
-            engine_request.validate(vocab_size=vocab, max_model_len=self._engine.max_model_len)
         return GenerateStream(self, engine_request)
 
     async def abort(self, request_ids: Sequence[str] = ()) -> None:
@@ -121,11 +120,22 @@ class Client:
         await self._engine.abort(internal)
 
 
+def _check_vocab_size(vocab_size: int | None, engine_config: EngineCoreClientConfig) -> None:
+    # The engine client runs the one request validation, with its own config's vocab_size:
+    # a ClientConfig.vocab_size it does not share would silently go unchecked.
+    if vocab_size is not None and engine_config.vocab_size != vocab_size:
+        raise ValueError(
+            f"ClientConfig.vocab_size={vocab_size}, but the engine client's config has "
+            f"vocab_size={engine_config.vocab_size}: set vocab_size on the "
+            f"EngineCoreClientConfig (Client.connect does when it is unset there)")
+
+
 class _ClientConnection:
     def __init__(self, config: ClientConfig) -> None:
         engine_config = config.engine
         if config.vocab_size is not None and engine_config.vocab_size is None:
             engine_config = attrs.evolve(engine_config, vocab_size=config.vocab_size)
+        _check_vocab_size(config.vocab_size, engine_config)
         self._config = attrs.evolve(config, engine=engine_config)
         self._connection = EngineCoreClient.connect(engine_config)
         self._tg: anyio.abc.TaskGroup | None = None

@@ -1,24 +1,39 @@
 """Requests that would kill a real engine never leave the client.
 
 A real vLLM 0.32 engine dies (ENGINE_CORE_DEAD) on a duplicate in-flight request id and on an
-out-of-vocabulary token id, taking every other request with it; so does the mock. The
-client refuses both locally, before any I/O, and the engine (and everyone else) lives on.
+out-of-vocabulary token id, taking every other request with it, and its input thread dies
+(the engine goes deaf: every later request hangs) on anything its msgspec decoder refuses;
+so does the mock. The client refuses all of these locally, before any I/O, with one
+validation, and the engine (and everyone else) lives on.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 from anyio_genout import (
+    Client,
+    ClientConfig,
     DuplicateRequestIdError,
+    EngineCoreClientConfig,
     EngineDeadError,
+    GenerateRequest,
     InvalidRequestError,
+    SamplingParams,
     collect_output,
 )
 from anyio_genout.generate import FinishReasonKind
+from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.protocol import AddRequest
+from tests.engine.fake import free_port
+from tests.protocol._hostile_requests import OBSERVED, observed_request
 
 from .support import drain, engine_request, generate_client, generate_request, mock_cluster
 
@@ -55,12 +70,31 @@ async def test_duplicate_id_on_the_raw_client_is_refused_locally() -> None:
         assert cluster.engine.added_ids == ["dup"] and not cluster.engine.dead
 
 
+@asynccontextmanager
+async def connected_client(config: ClientConfig, **mock: Any
+                           ) -> AsyncIterator[tuple[Client, MockEngine]]:
+    """``Client.connect(config)`` to one mock engine (``mock``: its config)."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    config = ClientConfig(
+        engine=EngineCoreClientConfig(handshake_address=address, ready_timeout=10,
+                                      vocab_size=config.engine.vocab_size),
+        vocab_size=config.vocab_size, model_name="refusal")
+    engine = MockEngine(MockEngineConfig(handshake_address=address, linger=0.5, **mock))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with Client.connect(config) as client:
+            yield client, engine
+        tg.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("where", ["client", "engine"])
 async def test_out_of_vocabulary_prompt_token_is_refused_locally(where: str) -> None:
-    settings: dict[str, Any] = {"client_vocab_size" if where == "client" else "vocab_size": VOCAB}
-    async with generate_client(mock={"vocab_size": VOCAB}, **settings) as (client, cluster):
-        assert (client.config.vocab_size, cluster.client.config.vocab_size) == (
-            (VOCAB, None) if where == "client" else (None, VOCAB))
+    """``ClientConfig.vocab_size`` reaches the engine client's one validation through
+    ``Client.connect``, as ``EngineCoreClientConfig.vocab_size`` does directly."""
+    config = (ClientConfig(vocab_size=VOCAB) if where == "client"
+              else ClientConfig(engine=EngineCoreClientConfig(vocab_size=VOCAB)))
+    async with connected_client(config, vocab_size=VOCAB) as (client, engine):
+        assert client.engine.config.vocab_size == VOCAB
         async with client.generate(generate_request("ok", max_tokens=30)) as other:
             with pytest.raises(InvalidRequestError) as info:
                 async with client.generate(generate_request("bad", prompt=[1, 2, VOCAB + 7])):
@@ -74,9 +108,83 @@ async def test_out_of_vocabulary_prompt_token_is_refused_locally(where: str) -> 
             assert "stop_token_ids[0]" in info.value.field
             result = await collect_output(other)
         assert result.finish_reason is not None
-        assert not cluster.engine.dead and cluster.engine.errors == []
-        assert [rid.split("-")[0] for rid in cluster.engine.added_ids] == ["ok"]
+        assert not engine.dead and not engine.deaf and engine.errors == []
+        assert [rid.split("-")[0] for rid in engine.added_ids] == ["ok"]
         assert len(client.inflight) == 0
+
+
+async def test_a_client_vocab_size_the_engine_client_lacks_is_refused_up_front() -> None:
+    """``Client(engine, config)`` cannot pass its vocab_size to an engine client connected
+    without one: that would leave token ids unchecked, so it is a configuration error."""
+    async with mock_cluster() as cluster:
+        with pytest.raises(ValueError, match="EngineCoreClientConfig"):
+            Client(cluster.client, ClientConfig(engine=cluster.client.config,
+                                                vocab_size=VOCAB))
+
+
+async def _served(client: Client, rid: str, **params: Any) -> tuple[int, ...]:
+    """Generate greedily to the end (bounded: a deaf engine would never answer)."""
+    with anyio.fail_after(5):
+        async with client.generate(GenerateRequest(
+                request_id=rid, prompt_token_ids=params.pop("prompt", [11, 22]),
+                sampling_params=SamplingParams(temperature=0.0, max_tokens=4,
+                                               **params))) as stream:
+            result = await collect_output(stream)
+    assert result.finish_reason is not None
+    return tuple(result.token_ids)
+
+
+async def test_requests_the_engine_would_choke_on_are_refused_by_field_and_it_lives() -> None:
+    """Issue 12, item 3: each used to pass validation and then deafen the engine (LoRA),
+    draw a refusal from vLLM's front end (logprobs=-1), or escape as a raw
+    UnicodeEncodeError / OverflowError from ``async with client.generate()``."""
+    async with generate_client() as (client, cluster):
+        for kwargs, field in OBSERVED:
+            with pytest.raises(InvalidRequestError) as info:
+                async with client.generate(observed_request(**kwargs)):
+                    pytest.fail(f"sent {kwargs}")  # pragma: no cover
+            assert info.value.field == field, kwargs
+        assert cluster.engine.added_ids == [] and len(client.inflight) == 0
+        assert len(await _served(client, "next")) == 4  # the engine still serves
+        assert not cluster.engine.deaf and cluster.engine.errors == []
+
+
+async def test_extra_args_with_a_tuple_key_reach_the_engine_as_in_vllm() -> None:
+    """vLLM's decoder accepts an array map key below the top level of extra_args (it becomes
+    a tuple); the mock used to die on it (msgpack-python cannot hash a list)."""
+    async with generate_client() as (client, cluster):
+        assert len(await _served(client, "tuple-key", extra_args={"k": {(1, 2): 3}})) == 4
+        assert len(await _served(client, "next")) == 4
+        assert not cluster.engine.deaf and cluster.engine.errors == []
+        added = [r for r in cluster.engine.received if isinstance(r, AddRequest)]
+        assert added[0].sampling_wire["extra_args"] == {"k": {(1, 2): 3}}
+
+
+@pytest.mark.parametrize("prompt", [
+    np.array([11, 22], dtype=np.int64),
+    np.array([11, 22], dtype=np.uint16),
+    [np.int64(11), np.int32(22)],
+])
+async def test_numpy_integer_prompts_generate(prompt: Any) -> None:
+    async with generate_client() as (client, _):
+        assert await _served(client, "np", prompt=prompt) == await _served(client, "list")
+
+
+async def test_a_huge_prompt_is_refused_by_its_length_at_once() -> None:
+    """The length check against max_model_len (4096) runs before any per-token work: a
+    10**6-token prompt is refused in microseconds (it took 0.2-0.3 s)."""
+    async with generate_client() as (client, cluster):
+        request = GenerateRequest(request_id="huge", prompt_token_ids=list(range(10**6)))
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            with pytest.raises(InvalidRequestError, match="max_model_len=4096") as info:
+                async with client.generate(request):
+                    pytest.fail("a huge prompt was sent")  # pragma: no cover
+            best = min(best, time.perf_counter() - started)
+        assert info.value.field == "prompt_token_ids"
+        assert best < 0.01, f"{best * 1e3:.2f} ms"
+        assert cluster.engine.added_ids == []
 
 
 async def test_without_vocab_size_an_oov_token_kills_the_engine_and_every_stream() -> None:

@@ -102,22 +102,43 @@ async def test_invalid_sampling_params_raise_at_entry_with_nothing_sent(
             assert (await good.__anext__()).token_ids == []
 
 
-async def test_empty_prompt_raises_before_any_io() -> None:
-    async with generate_cluster() as (client, (engine,)):
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
+    ({"prompt_token_ids": [11, 500]}, "prompt_token_ids[1]"),  # the engine's vocab_size: 100
+    ({"request_id": ""}, "request_id"),
+    ({"request_id": 7}, "request_id"),
+    ({"request_id": "r\udc80"}, "request_id"),
+])
+async def test_requests_are_validated_once_at_entry_before_any_io(
+        kwargs: dict[str, object], field: str) -> None:
+    """The one validation runs when the scope is entered (generate() itself checks
+    nothing), with the engine client's limits; nothing is sent."""
+    async with generate_cluster(vocab_size=100) as (client, (engine,)):
+        args: dict[str, object] = {"request_id": "req-x", "prompt_token_ids": [11, 22]}
+        args.update(kwargs)
+        stream = client.generate(GenerateRequest(**args))  # type: ignore[arg-type]
         with pytest.raises(InvalidRequestError) as info:
-            client.generate(GenerateRequest(request_id="req-empty", prompt_token_ids=[]))
-        assert info.value.field == "prompt_token_ids"
+            async with stream:
+                pytest.fail("entered an invalid request")  # pragma: no cover
+        assert info.value.field == field
         await engine.expect_nothing(0.05)
-        assert len(client.inflight) == 0
+        assert len(client.inflight) == 0 and client.engine.in_flight == 0
 
 
-async def test_vocab_size_check_happens_before_any_io() -> None:
-    async with generate_cluster() as (client, (engine,)):
-        checked = type(client)(client.engine, type(client.config)(
-            model_name="vocab", vocab_size=100))
-        with pytest.raises(InvalidRequestError, match="out of vocabulary"):
-            checked.generate(GenerateRequest(request_id="req-oov", prompt_token_ids=[11, 500]))
-        await engine.expect_nothing(0.05)
+async def test_a_client_vocab_size_the_engine_client_does_not_share_is_refused() -> None:
+    """Client(engine, config): the engine client runs the validation with its own
+    vocab_size, so a different ClientConfig.vocab_size would silently go unchecked."""
+    async with generate_cluster() as (client, _):
+        with pytest.raises(ValueError, match=r"vocab_size=100.*EngineCoreClientConfig"):
+            type(client)(client.engine, type(client.config)(model_name="vocab",
+                                                            vocab_size=100))
+    async with generate_cluster(vocab_size=100) as (client, _):
+        with pytest.raises(ValueError, match="vocab_size=50"):
+            type(client)(client.engine, type(client.config)(model_name="v50", vocab_size=50))
+        same = type(client)(client.engine, type(client.config)(model_name="v100",
+                                                               vocab_size=100))
+        assert same.config.vocab_size == client.engine.config.vocab_size == 100
+        same.metrics.unregister()
 
 
 async def test_eos_token_id_is_filled_from_the_client_config() -> None:
