@@ -57,7 +57,7 @@ class GenerateRequest:
             raise InvalidRequestError("sampling_params", f"must be a SamplingParams, got "
                                       f"{type(params).__name__}")
         if eos_token_id is not None and params.eos_token_id is None and params.ignore_eos is False:
-            params = attrs.evolve(params, eos_token_id=eos_token_id)
+            params = params.with_eos_token_id(eos_token_id)
         return EngineCoreRequest(
             request_id=internal_id,
             prompt_token_ids=self.prompt_token_ids,

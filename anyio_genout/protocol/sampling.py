@@ -135,6 +135,20 @@ class SamplingParams:
         default=None, init=False, eq=False, repr=False)
     _wire_memo: tuple[int | None, dict[str, Any]] | None = attrs.field(
         default=None, init=False, eq=False, repr=False)
+    # The copy with_eos_token_id made last (so a shared instance keeps its memos per request).
+    _eos_copy: tuple[int, SamplingParams] | None = attrs.field(
+        default=None, init=False, eq=False, repr=False)
+
+    def with_eos_token_id(self, eos_token_id: int) -> SamplingParams:
+        """A copy with ``eos_token_id`` set, made once per value and then reused (the
+        client fills in its configured EOS this way, keeping the copy's memos warm)."""
+        memo = self._eos_copy
+        if memo is not None and (memo[0] is eos_token_id or (
+                type(eos_token_id) is int and memo[0] == eos_token_id)):
+            return memo[1]
+        params = attrs.evolve(self, eos_token_id=eos_token_id)
+        object.__setattr__(self, "_eos_copy", (eos_token_id, params))
+        return params
 
     def validate(self, *, vocab_size: int | None = None, max_logprobs: int | None = None) -> None:
         """Raise :class:`InvalidRequestError` for anything vLLM would reject or die on.
