@@ -311,7 +311,7 @@ class DoneIds:
     """Request ids with a finished result: 17 bytes each (a 128-bit digest), exact lookups."""
 
     def __init__(self, digests: bytearray) -> None:
-        self._digests = np.frombuffer(bytes(digests), dtype="S17").copy()
+        self._digests = np.frombuffer(digests, dtype="S17")  # a view: no copy
         self._digests.sort()
 
     @staticmethod
@@ -371,16 +371,26 @@ def read_done(path: Path, stop: threading.Event) -> tuple[DoneIds, int] | None:
 
 
 def _finished_id(line: bytes) -> str | None:
+    """The request id of a finished result line; None for an error or a partial line."""
     if not line.endswith(b"\n"):
         return None
+    if b'"error"' not in line and line.startswith(b"{") and line.endswith(b"}\n"):
+        # As run writes it: one write per line, so a complete line is a whole JSON object.
+        found = _ID_KEY.findall(line)
+        if len(found) == 1:
+            try:
+                rid: str = found[0].decode()
+            except UnicodeDecodeError:
+                return None
+            return rid
     try:
         value = json.loads(line)
     except ValueError:
         return None
     if not isinstance(value, dict) or "error" in value:
         return None
-    rid = value.get("request_id")
-    return rid if isinstance(rid, str) else None
+    found_id = value.get("request_id")
+    return found_id if isinstance(found_id, str) else None
 
 
 # ---------------------------------------------------------------------- the job
@@ -588,14 +598,15 @@ async def run_all(client: Client, lines: LineReader, parser: LineParser,
                     number += 1
                     if not line.strip():
                         continue
+                    if done is not None and (rid := _line_id(line, number)) is not None \
+                            and rid in done:
+                        job.done += 1  # finished in an earlier run: not even parsed
+                        job.resumed += 1
+                        continue
                     try:
                         request = parser.parse(number, line)
                     except BadLine as exc:
                         job.skip(str(exc))
-                        continue
-                    if done is not None and request.request_id in done:
-                        job.done += 1
-                        job.resumed += 1
                         continue
                     try:
                         # A worker is waiting: hand it over without a pass of the event loop,
