@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -14,7 +14,7 @@ from ..engine import EngineCoreClientConfig
 from ..errors import InvalidRequestError
 from ..protocol import SamplingParams
 
-__all__ = ["ADDRESS_EXAMPLE", "add_engine_options", "add_sampling_options", "check_address",
+__all__ = ["add_engine_options", "add_sampling_options", "check_address",
            "check_max_tokens", "non_negative_float",
            "parse_token_ids", "positive_float", "positive_int", "sampling_from_args",
            "sampling_from_mapping", "seconds_or_off"]
@@ -31,24 +31,19 @@ def parse_token_ids(text: str) -> list[int]:
     return ids
 
 
-#: What an engine address looks like, for error messages.
-ADDRESS_EXAMPLE: Final = "tcp://HOST:PORT (e.g. tcp://127.0.0.1:29550) or ipc://PATH"
-
-
 def check_address(text: str) -> str:
-    """A ZeroMQ address the client can bind: ``tcp://HOST:PORT`` or ``ipc://PATH``.
+    """A ZeroMQ address engines can dial: ``tcp://HOST:PORT`` or ``ipc://PATH``.
 
-    Raises :class:`argparse.ArgumentTypeError` (a one-line usage error) naming the form.
+    The check is :class:`EngineCoreClientConfig`'s own; raises
+    :class:`argparse.ArgumentTypeError` (a one-line usage error) with its message, which
+    names the problem and shows the expected form.
     """
-    scheme, sep, rest = text.partition("://")
-    if sep and scheme == "ipc" and rest:
-        return text
-    if sep and scheme == "tcp":
-        host, colon, port = rest.rpartition(":")
-        bracketed = host.startswith("[") == host.endswith("]")
-        if colon and host and bracketed and port.isdigit() and 0 < int(port) < 65536:
-            return text
-    raise argparse.ArgumentTypeError(f"expected {ADDRESS_EXAMPLE}, got {text!r}")
+    try:
+        EngineCoreClientConfig(handshake_address=text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc).removeprefix("handshake_address ")) from None
+    return text
 
 
 def positive_int(text: str) -> int:
