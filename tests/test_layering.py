@@ -167,7 +167,10 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
 
 #: Modules that are command lines, so in the ``cli`` layer, wherever they live.
 _COMMAND_LINES = {"anyio_genout.mock.cli", "anyio_genout.mock.__main__",
-                  "anyio_genout.bench.cli", "anyio_genout.bench.__main__"}
+                  "anyio_genout.bench.cli", "anyio_genout.bench.__main__",
+                  "anyio_genout.bench.run_cmd", "anyio_genout.bench.vllm_cmd",
+                  "anyio_genout.bench.report_cmd", "anyio_genout.bench.options",
+                  "anyio_genout.bench.output"}
 
 
 def _part(name: str) -> str:

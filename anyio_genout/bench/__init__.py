@@ -10,7 +10,10 @@ trio), ``floor`` (a bare synchronous pyzmq client that only unpacks messages and
 tokens: what any Python front end must at least spend) and ``vllm`` (vLLM's ``AsyncLLM``
 with an external engine, run by ``nox -s bench-vllm`` in the interop environment).
 
-Modules: :mod:`.cli` (the command line and the orchestration), :mod:`.spec` (cell
+Modules: :mod:`.cli` (the command line: the parser, and one module per command,
+:mod:`.run_cmd`, :mod:`.vllm_cmd`, :mod:`.report_cmd`, sharing :mod:`.options` and
+:mod:`.output`), :mod:`.attempts` (a cell in a fresh process, retried while the machine was
+busy, the quietest attempt kept), :mod:`.spec` (cell
 descriptions and results), :mod:`.measure` (CPU, wall and memory meters, the engine process),
 :mod:`.ours`, :mod:`.floor`, :mod:`.vllm_ref` (the three implementations), :mod:`.report`
 (ratios, targets, the table) and :mod:`.plot` (the PNG).
