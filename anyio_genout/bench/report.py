@@ -267,7 +267,7 @@ def format_table(results: Sequence[Result], vllm: Sequence[Result] | None,
     for r in _rows_for(everything, "throughput"):
         bad = errors(r)
         if bad:
-            rows.append(bad + [""] * 9)
+            rows.append(bad + [""] * 8)
             continue
         key = ("throughput", r["concurrency"])
         f, v = floor.get(key, {}), ref.get(key, {})
@@ -289,7 +289,7 @@ def format_table(results: Sequence[Result], vllm: Sequence[Result] | None,
     for r in _rows_for(everything, "latency"):
         bad = errors(r)
         if bad:
-            rows.append(bad + [""] * 5)
+            rows.append(bad + [""] * 4)
             continue
         f = floor.get(("latency", r["concurrency"]), {})
         rows.append([
@@ -333,7 +333,7 @@ def format_table(results: Sequence[Result], vllm: Sequence[Result] | None,
     for r in _rows_for(everything, "memory"):
         bad = errors(r)
         if bad:
-            rows.append(bad + [""] * 3)
+            rows.append(bad + [""] * 2)
             continue
         rows.append([
             _label(r), f"{r.get('inflight', 0):,} / {r.get('requests', 0):,}",
