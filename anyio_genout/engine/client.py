@@ -10,12 +10,13 @@ Task layout (one client-level task group, started in :meth:`EngineCoreClient.con
 * the **input drain**, which reads and discards anything sent *to* the input socket after
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
-* the **output-connection watcher**, which follows the output socket's connections (its
-  ZeroMQ monitor) and, when one closes, has its **prober** ask every engine a cheap utility
-  call: an engine that neither comes back nor answers within ``disconnect_grace`` is dead
-  (killed, host gone, network cut: heartbeats close a connection that went quiet); if all
-  answer but a connection came back, messages on it may be lost (ZeroMQ drops a message
-  over ``max_message_size`` together with its connection), which fails open work;
+* the **connection watchers**, which follow the output and input sockets' connections
+  (their ZeroMQ monitors) and, when one closes, have the **prober** ask every engine a
+  cheap utility call: an engine that neither comes back nor answers within
+  ``disconnect_grace`` is dead (killed, host gone, network cut: heartbeats close an input
+  connection that went quiet); if all answer but a connection came back, messages on it
+  may be lost (ZeroMQ drops a message over ``max_message_size`` together with its
+  connection), which fails open work;
 * the **liveness** task (on by default), which pings every engine with a utility call and
   finds an engine that is connected but hung or deaf.
 
@@ -135,11 +136,14 @@ class EngineCoreClient(UtilityCalls):
         self._aborts_sent = 0
         self._input_junk = 0
         self._output_disconnects = 0
-        # Output-socket connections, as the watcher sees them, and the latest unjudged drop.
-        self._connections = _OutputConnections()
+        # The sockets' connections, as their monitors report them, and the latest unjudged
+        # drop of one.
+        self._links = {"output": _Connections(), "input": _Connections()}
+        self._monitors: dict[str, ZmqSocket] = {}
         self._drop: _Drop | None = None
-        self._drop_seen = anyio.Event()  # set by the watcher, for the prober
-        self._monitor: ZmqSocket | None = None
+        self._drop_seen = anyio.Event()  # set by the watchers, for the prober
+        self._input_connected = anyio.Event()  # set (and replaced) on every new connection
+        self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
         self._internal_calls: set[int] = set()  # call ids of the client's own probes
         self._death_explainers: list[DeathExplainer] = []
 
@@ -490,52 +494,90 @@ class EngineCoreClient(UtilityCalls):
             self.fail(exc)
 
     async def _watch_output_connections(self, monitor: ZmqSocket) -> None:
-        """Follow the output socket's connections; hand every drop to the prober.
+        """Follow the output and input sockets' connections; hand every drop to the prober.
 
         ZeroMQ reports a peer that disconnects after a completed ZeroMQ handshake, whatever
-        the reason: an engine that exited or was killed, a connection the heartbeat closed
-        (host gone, network cut), or a message over ``max_message_size``, which ZeroMQ drops
-        *together with the connection* and reports nothing else about. Port scanners (whose
-        ZeroMQ handshake fails) are not reported.
+        the reason: an engine that exited or was killed, an input connection the heartbeat
+        closed (host gone, network cut), or a message over ``max_message_size``, which
+        ZeroMQ drops *together with the connection* and reports nothing else about. Port
+        scanners (whose ZeroMQ handshake fails) are not reported.
         """
-        self._monitor = monitor
+        self._monitors["output"] = monitor
+        if self._sockets.input_monitor is not None:
+            self._monitors["input"] = self._sockets.input_monitor
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._prober)
-            try:
-                while True:
-                    self._read_monitor()
-                    await monitor.wait_readable()
-            except anyio.ClosedResourceError:
-                pass
-            except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
-                logger.warning("output-connection watcher stopped: %s", exc)
+            if "input" in self._monitors:
+                tg.start_soon(self._watch, "input")
+            await self._watch("output")
             tg.cancel_scope.cancel()
 
-    def _read_monitor(self) -> None:
-        """Handle every queued monitor event (never waits; the prober calls it too, to see
-        the events queued before an engine's reply)."""
-        monitor = self._monitor
-        if monitor is None:
-            return
-        while (frames := monitor.receive_nowait()) is not None:
-            event = MonitorEvent.parse(frames)
-            if event is not None and self._connections.update(event) == zmq.EVENT_DISCONNECTED:
-                self._on_output_disconnect(event.endpoint)
+    async def _watch(self, name: str) -> None:
+        monitor = self._monitors[name]
+        try:
+            while True:
+                self._read_monitors()
+                await monitor.wait_readable()
+        except anyio.ClosedResourceError:
+            pass
+        except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
+            logger.warning("%s-connection watcher stopped: %s", name, exc)
 
-    def _on_output_disconnect(self, endpoint: str) -> None:
-        self._output_disconnects += 1
+    def _read_monitors(self) -> None:
+        """Apply every queued event of both monitors, then act on the drops among them.
+
+        Never waits: the watchers call it when a monitor signals, and the prober to see the
+        events queued before an engine's answer.
+        """
+        drops: list[tuple[str, str, int]] = []
+        for name, monitor in self._monitors.items():
+            links = self._links[name]
+            while (frames := monitor.receive_nowait()) is not None:
+                event = MonitorEvent.parse(frames)
+                if event is None:
+                    continue
+                kind = links.update(event)
+                if kind == zmq.EVENT_DISCONNECTED:
+                    drops.append((name, event.endpoint, links.events))
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and name == "input":
+                    # A message sent to an engine while its input connection was down was
+                    # dropped: the prober asks again.
+                    self._input_connected.set()
+                    self._input_connected = anyio.Event()
+        for name, endpoint, clock in drops:
+            self._on_disconnect(name, endpoint, clock)
+
+    def _on_disconnect(self, name: str, endpoint: str, clock: int) -> None:
+        """A connection to the ``name`` socket closed at that monitor's ``clock``."""
+        if name == "output":
+            self._output_disconnects += 1
         if self._error is not None:
             return
         logger.warning(
-            "a peer's connection to the output socket %s closed (%d so far); checking that "
-            "every engine is still there (it must answer or reconnect within %g s)",
-            endpoint, self._output_disconnects, self._config.disconnect_grace)
+            "a peer's connection to the %s socket %s closed (%d so far); checking that every "
+            "engine is still there (it must answer or reconnect within %g s)",
+            name, endpoint, self._links[name].drops, self._config.disconnect_grace)
         work = self._open_work()
         if self._drop is None:
-            self._drop = _Drop(anyio.current_time(), self._connections.handshakes, work)
+            clocks = {other: links.events for other, links in self._links.items()}
+            clocks[name] = clock
+            self._drop = _Drop(anyio.current_time(), clocks, work)
         else:
             self._drop.work = max(self._drop.work, work)
         self._drop_seen.set()
+
+    def _came_back(self, drop: _Drop) -> bool:
+        """Whether an engine's connection was made again since ``drop`` (every engine has
+        answered the probe): its answer arrived on an output connection accepted after
+        the drop, or an input connection was made since (those carry no answers)."""
+        if self._links["input"].connected_at > drop.clocks["input"]:
+            return True
+        accepted = self._links["output"].accepted
+        for rank in self._ranks:
+            at = accepted.get(self._answered_on.get(rank, -1))
+            if at is None or at > drop.clocks["output"]:
+                return True
+        return False
 
     def _open_work(self) -> int:
         """Requests and callers' utility calls in flight (not the client's own probes)."""
@@ -543,7 +585,7 @@ class EngineCoreClient(UtilityCalls):
             self._internal_calls)
 
     async def _prober(self) -> None:
-        """Judge every dropped output connection (one drop, or a burst, at a time)."""
+        """Judge every dropped connection (one drop, or a burst, at a time)."""
         while self._error is None:
             await self._drop_seen.wait()
             self._drop_seen = anyio.Event()
@@ -552,77 +594,90 @@ class EngineCoreClient(UtilityCalls):
                 await self._probe(drop)
 
     async def _probe(self, drop: _Drop) -> None:
-        """Ask every engine ``is_sleeping`` after an output connection closed at ``drop.at``.
+        """Ask every engine ``is_sleeping`` after a connection closed at ``drop.at``.
 
-        * An engine that has not answered when ``disconnect_grace`` is up, while fewer
-          connections are open than there are engines (one did not come back), is dead:
-          :class:`EngineDeadError` naming it.
-        * If every engine still has a connection, one that has not answered yet is slow (a
-          long step), not gone: it gets up to ``liveness_timeout`` to answer.
-        * If every engine answered: had the dropped connection come back (a new ZeroMQ
-          handshake), it was an engine's, which lives, and whatever it was sending is lost.
-          Work in flight then fails with :class:`ProtocolError` (it could miss outputs and
-          never finish); with none in flight the drop is only logged. No new handshake: the
-          peer was not an engine (an engine's reply would have needed one).
+        * An engine that has not answered when ``disconnect_grace`` is up, while fewer input
+          or output connections are open than there are engines (one did not come back),
+          is dead: :class:`EngineDeadError` naming it.
+        * If every engine still has its connections, one that has not answered yet is slow
+          (a long step), not gone: it gets up to ``liveness_timeout`` to answer.
+        * If every engine answered: had a connection come back (a new ZeroMQ handshake), it
+          was an engine's, which lives, and whatever was sent over the dropped one is lost.
+          Work in flight then fails with :class:`ProtocolError` (it could miss outputs, or
+          never reach the engine, and never finish); with none in flight the drop is only
+          logged. No new handshake: the peer was not an engine (an engine's reply would
+          have needed one).
         """
         config = self._config
         ranks = self._ranks
         answered: set[int] = set()
         everyone = anyio.Event()
+        self._answered_on.clear()
 
-        async def ask(rank: int) -> None:
+        async def ask_once(rank: int, done: anyio.CancelScope) -> None:
             try:
                 await self._call_utility_on([rank], "is_sleeping", (), internal=True)
             except UtilityCallError:
                 pass  # an answer all the same
             except OperationalError:
-                return  # the client failed or closed meanwhile
+                done.cancel()  # the client failed or closed meanwhile
+                return
             answered.add(rank)
             if len(answered) == len(ranks):
                 everyone.set()
+            done.cancel()
+
+        async def ask(rank: int) -> None:
+            async with anyio.create_task_group() as calls:
+                while True:
+                    connected = self._input_connected
+                    calls.start_soon(ask_once, rank, calls.cancel_scope)
+                    await connected.wait()  # a new input connection: ask over it too
+
+        def left() -> float:
+            return config.disconnect_grace - (anyio.current_time() - drop.at)
 
         async with anyio.create_task_group() as tg:
             for rank in ranks:
                 tg.start_soon(ask, rank)
-            with anyio.move_on_after(config.disconnect_grace - (anyio.current_time() - drop.at)):
+            with anyio.move_on_after(left()):
                 await everyone.wait()
             if not everyone.is_set() and self._error is None:
                 silent = [rank for rank in ranks if rank not in answered]
-                if self._connections.live < len(ranks):
+                if any(links.live < len(ranks) for links in self._links.values()):
                     self.fail(EngineDeadError(_gone_message(silent, config.disconnect_grace)))
                 else:
-                    with anyio.move_on_after(config.liveness_timeout
-                                             - (anyio.current_time() - drop.at)):
+                    with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
+                                             + left()):
                         await everyone.wait()
                     silent = [rank for rank in ranks if rank not in answered]
                     if silent and self._error is None:
                         self.fail(EngineDeadError(
-                            f"{_engines(silent)}: an output connection closed and "
+                            f"{_engines(silent)}: a connection closed and "
                             f"{'it' if len(silent) == 1 else 'they'} did not answer within "
                             f"{config.liveness_timeout:g} s"))
             tg.cancel_scope.cancel()
         if self._error is not None:
             return
-        # Every engine answered. ZeroMQ reports a connection's handshake before any message
-        # flows on it: an engine whose connection dropped answered over a new one, whose
-        # report is queued by now.
+        # Every engine answered. ZeroMQ reports a new connection before any message flows on
+        # it: an engine whose connection dropped answered over a new one, reported by now.
         try:
-            self._read_monitor()
+            self._read_monitors()
         except (anyio.ClosedResourceError, TransportError):
             return
-        if self._connections.handshakes == drop.handshakes:
-            logger.info("the peer that left the output socket was not an engine: every "
-                        "engine answered over its own connection")
+        if not self._came_back(drop):
+            logger.info("the peer that left was not an engine: every engine answered over "
+                        "its own connections")
         elif drop.work:
             limit = config.max_message_size
             self.fail(ProtocolError(
-                f"an engine's output connection closed and came back while {drop.work} "
-                f"request(s) or utility call(s) were in flight, and messages on it are lost: "
-                f"ZeroMQ drops a message larger than max_message_size "
+                f"an engine's connection closed and came back while {drop.work} request(s) "
+                f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
+                f"drops a message larger than max_message_size "
                 f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
                 f"connection, and a network fault closes it too"))
         else:
-            logger.info("an engine's output connection closed and came back with nothing in "
+            logger.info("an engine's connection closed and came back with nothing in "
                         "flight; every engine answered")
 
     def _dispatch(self, frames: list[Any]) -> None:
@@ -639,6 +694,8 @@ class EngineCoreClient(UtilityCalls):
             self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
                                  m.finished_requests)
         elif type(message) is UtilityReply:
+            if message.reply.call_id in self._internal_calls:
+                self._note_connection(message.reply.call_id, frames[0])
             self._dispatch_utility(message)
         elif type(message) is EngineDead:
             self.fail(EngineDeadError(self._engine_core_dead_message()))
@@ -689,6 +746,16 @@ class EngineCoreClient(UtilityCalls):
             self._registry.update_stats(engine, stats)
             for listener in self._stats_listeners:
                 listener(engine, stats)
+
+    def _note_connection(self, call_id: int, frame: Any) -> None:
+        """Which output connection an engine's probe answer came on (its descriptor)."""
+        waiter = self._utility_waiters.get(call_id)
+        if waiter is None:
+            return
+        try:
+            self._answered_on[waiter.engine] = frame.get(zmq.SRCFD)
+        except (AttributeError, zmq.ZMQError):  # not a zmq.Frame: unknown, so "came back"
+            self._answered_on.pop(waiter.engine, None)
 
     def _dispatch_utility(self, reply: UtilityReply) -> None:
         output = reply.reply
@@ -808,53 +875,62 @@ def _gone_message(ranks: Sequence[int], grace: float) -> str:
             f"(process killed, host gone or network cut)")
 
 
-class _OutputConnections:
-    """The output socket's connections, from its monitor's events.
+class _Connections:
+    """One socket's connections, from its monitor's events.
 
     Monitor events carry no peer address: an ACCEPTED event gives the connection's
     descriptor, the handshake events that follow give none, so they are matched in order.
     """
 
-    __slots__ = ("failed", "handshakes", "live", "pending")
+    __slots__ = ("accepted", "connected_at", "drops", "events", "failed", "live", "pending")
 
     def __init__(self) -> None:
         self.pending: list[int] = []  # accepted, ZeroMQ handshake not yet done (oldest first)
         self.failed: set[int] = set()  # the handshake failed (a port scan): not reported
-        self.handshakes = 0  # ZeroMQ handshakes completed so far (connections and reconnections)
         self.live = 0  # connections with a completed handshake, still open
+        self.drops = 0  # connections with a completed handshake that closed
+        self.events = 0  # events applied so far: a clock for ``accepted``
+        self.accepted: dict[int, int] = {}  # open connection's descriptor -> ``events`` then
+        self.connected_at = 0  # ``events`` at the latest completed handshake
 
     def update(self, event: MonitorEvent) -> int:
-        """Apply ``event``; returns ``zmq.EVENT_DISCONNECTED`` when a connection that had
-        completed its handshake closed, else 0."""
+        """Apply ``event``; returns ``zmq.EVENT_HANDSHAKE_SUCCEEDED`` for a new connection,
+        ``zmq.EVENT_DISCONNECTED`` when one that had completed its handshake closed, else
+        0."""
         kind = event.event
+        self.events += 1
         if kind == zmq.EVENT_ACCEPTED:
             self.pending.append(event.value)
+            self.accepted[event.value] = self.events
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if self.pending:
                 self.pending.pop(0)
-            self.handshakes += 1
+            self.connected_at = self.events
             self.live += 1
+            return kind
         elif kind & _HANDSHAKE_FAILED:
             if self.pending:
                 self.failed.add(self.pending.pop(0))
         elif kind == zmq.EVENT_DISCONNECTED:
             fd = event.value
+            self.accepted.pop(fd, None)
             if fd in self.failed:
                 self.failed.discard(fd)
             elif fd in self.pending:
                 self.pending.remove(fd)
             else:
                 self.live = max(0, self.live - 1)
+                self.drops += 1
                 return kind
         return 0
 
 
 @attrs.define
 class _Drop:
-    """Output connections that closed and wait for the prober's verdict."""
+    """Connections that closed and wait for the prober's verdict."""
 
     at: float  # when the first closed
-    handshakes: int  # connections completed before it: a higher count means one came back
+    clocks: dict[str, int]  # each socket's connection-event clock then
     work: int  # requests and callers' utility calls in flight then
 
 

@@ -105,14 +105,14 @@ class EngineCoreClientConfig:
     Engines that die without saying so (``ENGINE_CORE_DEAD``) are found three ways, all on
     by default (docs/reliability.md has the measurements behind the defaults):
 
-    * an engine's output connection that closes (process killed, or dropped by the
-      heartbeat below) starts a probe: every engine must answer a cheap utility call, and an
-      engine whose connection is not back within ``disconnect_grace`` seconds and that did
-      not answer is dead;
-    * ``heartbeat_interval``: ZeroMQ pings every engine connection of the input and output
-      sockets that often (engines answer by themselves), and closes a connection that
-      stays quiet for ``heartbeat_timeout`` seconds (a vanished host, a cut network);
-      ``None`` turns heartbeats off;
+    * a connection to the input or output socket that closes (process killed, or dropped
+      by the heartbeat below) starts a probe: every engine must answer a cheap utility
+      call, and an engine whose connection is not back within ``disconnect_grace`` seconds
+      and that did not answer is dead;
+    * ``heartbeat_interval``: ZeroMQ pings every connection to the input socket that often
+      (engines answer by themselves), and closes one that stays quiet for
+      ``heartbeat_timeout`` seconds (a vanished host, a cut network); ``None`` turns
+      heartbeats off;
     * ``liveness_interval``: every engine is asked a cheap utility call that often; one that
       does not answer within ``liveness_timeout`` is dead (an engine that is connected but
       hung or deaf). A utility call is answered between two engine steps, so the timeout

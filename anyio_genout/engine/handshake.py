@@ -88,13 +88,15 @@ class BoundSockets:
     output_address: str
     #: Connection events of the output socket (peers connecting and disconnecting).
     output_monitor: ZmqSocket | None = None
+    #: The same for the input socket.
+    input_monitor: ZmqSocket | None = None
     #: Output messages that arrived during the handshake, for the reader to dispatch first.
     early_outputs: list[list[zmq.Frame]] = attrs.field(factory=list)
 
     def close(self, input_linger: float = 0.0) -> None:
         """Close every socket; ``input_linger`` lets queued requests (final ABORTs) leave."""
         # The monitor first: it must not outlive the socket it watches.
-        for sock in (self.output_monitor, self.handshake, self.output):
+        for sock in (self.output_monitor, self.input_monitor, self.handshake, self.output):
             if sock is not None:
                 sock.close()
         self.input.close(input_linger)
@@ -110,10 +112,13 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         sockets.append(out)
         out.raw.setsockopt(zmq.RCVHWM, OUTPUT_RCVHWM)
         if config.heartbeat_interval is not None:  # before binding: engines connect next
-            for sock in (inp, out):
-                sock.set_heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
+            # Not on the output socket: a connection whose receive queue is full (the reader
+            # behind by OUTPUT_RCVHWM messages) is not read, so its heartbeats would time out.
+            inp.set_heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
         monitor = out.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, monitor)
+        input_monitor = inp.monitor(OUTPUT_MONITOR_EVENTS)
+        sockets.insert(0, input_monitor)
         input_address = inp.bind(config.input_address or bind_address(config.advertised_host))
         output_address = out.bind(config.output_address or bind_address(config.advertised_host))
         handshake = None
@@ -125,7 +130,8 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         for sock in sockets:
             sock.close()
         raise
-    return BoundSockets(inp, out, handshake, input_address, output_address, monitor)
+    return BoundSockets(inp, out, handshake, input_address, output_address, monitor,
+                        input_monitor)
 
 
 async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
