@@ -51,6 +51,8 @@ def build_buckets(mantissas: Iterable[int], max_value: int) -> tuple[float, ...]
 
     Exactly vLLM's ``build_buckets``: ``max_value`` itself is *not* appended when it is not
     on the series (``build_1_2_5_buckets(131072)`` ends at 100000).
+
+    Raises :class:`ValueError` if ``mantissas`` is empty or holds a value below 1.
     """
     steps = tuple(mantissas)
     if not steps or min(steps) < 1:

@@ -40,6 +40,10 @@ class Metrics:
     ``source`` / ``reason``), documentation and buckets are vLLM's, so dashboards for
     ``vllm serve`` work unchanged. Per-engine series appear (at zero) the first time an engine
     index is seen. The ``_created`` series are not exposed.
+
+    Raises :class:`ValueError` if ``max_model_len`` is below 1, and
+    ``prometheus_client``'s ``DuplicateTimeseries`` (a :class:`ValueError`) if ``registry``
+    already holds the families (another :class:`Metrics` on it).
     """
 
     __slots__ = ("_engines", "_exposition", "_max_model_len", "_model_name", "_registry",
@@ -84,7 +88,10 @@ class Metrics:
         return tuple(self._engines)
 
     def unregister(self) -> None:
-        """Remove the metrics from :attr:`registry` (useful with a shared registry)."""
+        """Remove the metrics from :attr:`registry` (useful with a shared registry).
+
+        Raises :class:`KeyError` if they are not registered there (already removed).
+        """
         self._registry.unregister(self._exposition)
 
     def _engine(self, engine_index: int) -> EngineSeries:

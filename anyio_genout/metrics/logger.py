@@ -107,6 +107,8 @@ async def log_stats_periodically(
     ``logger`` (default ``anyio_genout.metrics``) at INFO, or DEBUG when the client was idle
     both in this interval and the previous one. With ``await task_group.start(...)`` the call
     returns once the baseline snapshot is taken.
+
+    Raises :class:`ValueError` (before anything is logged) if ``interval`` is not positive.
     """
     if not interval > 0:
         raise ValueError(f"interval must be positive, got {interval!r}")

@@ -47,6 +47,9 @@ class MockFaults:
       a PREEMPTED event (with log stats) and is requeued at the head of the waiting queue.
     * ``abort_on_shutdown``: when cancelled, finish every request with an ABORT output and
       ``finished_requests`` (like SIGTERM to a real EngineCore process) before closing.
+
+    Raises :class:`ValueError` naming the field for a negative value, or a ``preempt_every``
+    below 1.
     """
 
     ready_delay: float = attrs.field(default=0.0, validator=_non_negative)
@@ -102,6 +105,11 @@ class MockEngineConfig:
     or died. ``python -m anyio_genout.mock`` uses it to serve clients one after another, a
     fresh engine for each. A real engine handshakes once per process and never notices its
     front end leaving.
+
+    Raises :class:`ValueError` when built with neither mode's addresses or both, a negative
+    value, a count or size below 1, a ``rank`` beyond 2 bytes, ``output_fields`` other than
+    18 or 19, an ``eos_token_id`` not below ``vocab_size``, or an ``eos_probability``
+    outside [0, 1].
     """
 
     rank: int = attrs.field(default=0, validator=_non_negative)

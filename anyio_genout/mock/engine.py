@@ -139,7 +139,8 @@ class MockEngine(Stepper):
         Raises :class:`~anyio_genout.errors.HandshakeTimeoutError` when no INIT arrives
         within ``handshake_timeout``, :class:`~anyio_genout.errors.HandshakeError` (or
         :class:`~anyio_genout.errors.ProtocolError`) on an undecodable INIT, and
-        :class:`~anyio_genout.errors.TransportError` on an address ZeroMQ refuses.
+        :class:`~anyio_genout.errors.TransportError` on an address ZeroMQ refuses, and
+        :class:`RuntimeError` when called a second time (an engine serves once).
         """
         if self._served:
             raise RuntimeError("MockEngine.serve() can run only once")

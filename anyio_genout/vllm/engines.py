@@ -121,7 +121,10 @@ class EngineProcessExitedError(EngineDeadError):
 
 
 def parse_handshake_address(address: str) -> tuple[str, int]:
-    """Split ``tcp://HOST:PORT`` (``tcp://[::1]:PORT`` for IPv6) into host and port."""
+    """Split ``tcp://HOST:PORT`` (``tcp://[::1]:PORT`` for IPv6) into host and port.
+
+    Raises :class:`ValueError` for any other form.
+    """
     parts = urlsplit(address)
     try:
         port = parts.port
@@ -169,6 +172,9 @@ def build_serve_args(model: str | os.PathLike[str], *, handshake_address: str,
 
     ``engine_count`` engines are started locally, with DP ranks ``start_rank`` to
     ``start_rank + engine_count - 1`` out of ``data_parallel_size`` (default: ``engine_count``).
+
+    Raises :class:`ValueError` if ``engine_count`` is below 1, the ranks do not fit in
+    ``data_parallel_size``, or ``handshake_address`` is not ``tcp://HOST:PORT``.
     """
     if engine_count < 1:
         raise ValueError("engine_count must be at least 1")
@@ -245,6 +251,10 @@ class VllmEngines:
 
     An async context manager: entering starts the process (it does not wait for the engine to
     load: the front end's handshake does that), leaving stops it and everything it started.
+
+    Raises :class:`ValueError` when built with arguments :func:`build_serve_args` refuses;
+    entering raises :class:`OSError` (e.g. :class:`FileNotFoundError`) if the command cannot
+    be started. Leaving raises nothing of its own: the block's exception propagates as is.
     """
 
     def __init__(self, model: str | os.PathLike[str], *, handshake_address: str,
@@ -520,6 +530,11 @@ def spawn_vllm_engines(model: str | os.PathLike[str], *, handshake_address: str,
         start_rank: first DP rank of this launch (``--data-parallel-start-rank``), for
             launches that share one front end (several hosts).
         data_parallel_size: total DP size over all launches (default ``engine_count``).
+
+    Raises:
+        ValueError: the arguments :func:`build_serve_args` refuses (raised here, before
+            anything starts); entering the result raises :class:`OSError` if ``command``
+            cannot be started.
     """
     return VllmEngines(model, handshake_address=handshake_address, engine_count=engine_count,
                        extra_args=extra_args, command=command, env=env, logger=logger,
