@@ -31,7 +31,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -141,6 +141,7 @@ class EngineCoreClient(UtilityCalls):
         self._links = {"output": _Connections(), "input": _Connections()}
         self._monitors: dict[str, ZmqSocket] = {}
         self._drop: _Drop | None = None
+        self._probing: _Drop | None = None  # the drop being judged
         self._drop_seen = anyio.Event()  # set by the watchers, for the prober
         self._input_connected = anyio.Event()  # set (and replaced) on every new connection
         self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
@@ -561,9 +562,12 @@ class EngineCoreClient(UtilityCalls):
         if self._drop is None:
             clocks = {other: links.events for other, links in self._links.items()}
             clocks[name] = clock
-            self._drop = _Drop(anyio.current_time(), clocks, work)
+            self._drop = _Drop(anyio.current_time(), clocks, work, {name})
         else:
             self._drop.work = max(self._drop.work, work)
+            self._drop.sockets.add(name)
+        if self._probing is not None:  # judged next too, but say it in this verdict
+            self._probing.sockets.add(name)
         self._drop_seen.set()
 
     def _came_back(self, drop: _Drop) -> bool:
@@ -591,7 +595,11 @@ class EngineCoreClient(UtilityCalls):
             self._drop_seen = anyio.Event()
             drop, self._drop = self._drop, None
             if drop is not None and self._error is None:
-                await self._probe(drop)
+                self._probing = drop
+                try:
+                    await self._probe(drop)
+                finally:
+                    self._probing = None
 
     async def _probe(self, drop: _Drop) -> None:
         """Ask every engine ``is_sleeping`` after a connection closed at ``drop.at``.
@@ -645,7 +653,8 @@ class EngineCoreClient(UtilityCalls):
             if not everyone.is_set() and self._error is None:
                 silent = [rank for rank in ranks if rank not in answered]
                 if any(links.live < len(ranks) for links in self._links.values()):
-                    self.fail(EngineDeadError(_gone_message(silent, config.disconnect_grace)))
+                    self.fail(EngineDeadError(
+                        _gone_message(silent, drop.sockets, config.disconnect_grace)))
                 else:
                     with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
                                              + left()):
@@ -653,7 +662,8 @@ class EngineCoreClient(UtilityCalls):
                     silent = [rank for rank in ranks if rank not in answered]
                     if silent and self._error is None:
                         self.fail(EngineDeadError(
-                            f"{_engines(silent)}: a connection closed and "
+                            f"{_engines(silent)}: a connection to the client's "
+                            f"{_sockets(drop.sockets)} closed and "
                             f"{'it' if len(silent) == 1 else 'they'} did not answer within "
                             f"{config.liveness_timeout:g} s"))
             tg.cancel_scope.cancel()
@@ -868,11 +878,16 @@ def _engines(ranks: Sequence[int]) -> str:
             else f"engines {', '.join(map(str, ranks))}")
 
 
-def _gone_message(ranks: Sequence[int], grace: float) -> str:
+def _gone_message(ranks: Sequence[int], sockets: Iterable[str], grace: float) -> str:
     one = len(ranks) == 1
-    return (f"{_engines(ranks)}: {'its' if one else 'an'} output connection closed and "
-            f"{'it' if one else 'they'} did not answer or reconnect within {grace:g} s "
-            f"(process killed, host gone or network cut)")
+    return (f"{_engines(ranks)}: {'its' if one else 'a'} connection to the client's "
+            f"{_sockets(sockets)} closed and {'it' if one else 'they'} did not answer or "
+            f"reconnect within {grace:g} s (process killed, host gone or network cut)")
+
+
+def _sockets(names: Iterable[str]) -> str:
+    names = sorted(names)
+    return f"{' and '.join(names)} socket{'s' if len(names) > 1 else ''}"
 
 
 class _Connections:
@@ -932,6 +947,7 @@ class _Drop:
     at: float  # when the first closed
     clocks: dict[str, int]  # each socket's connection-event clock then
     work: int  # requests and callers' utility calls in flight then
+    sockets: set[str]  # which sockets' connections closed ("input", "output")
 
 
 def _copy_error(error: BaseException) -> BaseException:

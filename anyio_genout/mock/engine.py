@@ -85,7 +85,8 @@ class MockEngine(Stepper):
     * ``running_ids``, ``waiting_ids``; ``steps`` (steps that generated tokens);
     * ``errors``: protocol violations and fatal conditions it detected;
     * ``last_stats``: the last ``SchedulerStats`` sent (log stats on);
-    * ``dead`` (sent ``ENGINE_CORE_DEAD``), ``deaf`` (stopped reading input), ``silent``;
+    * ``dead`` (sent ``ENGINE_CORE_DEAD``; ``death_reason`` says why), ``deaf`` (stopped
+      reading input), ``silent``;
     * ``client_left``: with ``until_client_leaves``, the front end went away and
       :meth:`serve` returned.
     """
