@@ -206,6 +206,9 @@ class Generation:
                             elif seen >= after and how == "count":
                                 break
                             elif seen >= after and how == "cancel":
+                                # cancel() aborts at once: decide the expectation first.
+                                if internal in engine._registry.requests:
+                                    self.expect_abort.add(internal)
                                 stream.cancel()
                                 await anyio.lowlevel.checkpoint()
                             elif seen >= after and how == "raise":
