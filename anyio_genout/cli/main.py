@@ -14,6 +14,7 @@ import anyio
 
 from ..errors import GenoutError, UsageError
 from . import generate_cmd, run_cmd
+from .backends import anyio_run_arguments, require_backend
 
 __all__ = ["main"]
 
@@ -59,9 +60,7 @@ def _version() -> str:
 
 def _run_backend(fn: Callable[[argparse.Namespace], Awaitable[int]],
                  args: argparse.Namespace) -> int:
-    backend, options = args.backend, {}
-    if backend == "uvloop":
-        backend, options = "asyncio", {"use_uvloop": True}
+    backend, options = anyio_run_arguments(args.backend)
     result: int = anyio.run(fn, args, backend=backend, backend_options=options)
     return result
 
@@ -78,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    require_backend(f"anyio-genout {argv[0]}", args.backend)
     _configure_logging(args.debug)
     try:
         return _run_backend(args.command, args)

@@ -88,3 +88,22 @@ async def test_liveness_options_reach_the_client(cli_backend: str) -> None:
     assert "Traceback" not in output.err
     last = output.err.strip().splitlines()[-1]
     assert last.startswith("anyio-genout: error: EngineDeadError: "), output.err
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt-token-ids", "1,2"],
+                                     ["run", "-", "-o", "-"]])
+@pytest.mark.parametrize("extra", ["uvloop", "trio"])
+def test_a_backend_that_is_not_installed_is_one_line_naming_the_extra(
+        command: list[str], extra: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from anyio_genout.cli.main import main
+
+    monkeypatch.setitem(sys.modules, extra, None)  # `import uvloop` / `import trio` now fail
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--backend", extra])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"anyio-genout {command[0]} --backend {extra} needs the '{extra}' extra: "
+        f"pip install 'anyio-genout[{extra}]'\n")
