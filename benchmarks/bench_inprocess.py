@@ -57,7 +57,7 @@ from anyio_genout.protocol import (
     decode_request,
     encode_outputs,
 )
-from anyio_genout.protocol.requests import AddRequest
+from anyio_genout.protocol.request_decode import AddRequest
 
 PROMPT = tuple(range(4, 20))
 

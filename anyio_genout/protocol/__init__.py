@@ -5,7 +5,9 @@ both directions (the client and the mock engine share them). Nothing here import
 zmq: the I/O shell lives in :mod:`anyio_genout.transport` and :mod:`anyio_genout.engine`.
 
 Modules: :mod:`.arrays` (numeric arrays and aux frames), :mod:`.packing` (msgpack),
-:mod:`.sampling` (SamplingParams and its validation), :mod:`.requests` (ADD/ABORT/UTILITY),
+:mod:`.validation` (the field checks of the client's request validation), :mod:`.sampling`
+(SamplingParams, its validation and wire map), :mod:`.requests` (the request types and
+ADD/ABORT/UTILITY encoding), :mod:`.request_decode` (the engine side's strict decoding),
 :mod:`.outputs` (the EngineCoreOutputs types), :mod:`.output_decode` and :mod:`.output_encode`
 (its two directions), :mod:`.logprobs`, :mod:`.handshake`.
 """
@@ -50,14 +52,11 @@ from .outputs import (
     UtilityReply,
     finish_reason_label,
 )
+from .request_decode import AbortRequest, AddRequest, UtilityRequest, decode_request
 from .requests import (
-    AbortRequest,
-    AddRequest,
     EngineCoreRequest,
     LoRARequest,
     RequestType,
-    UtilityRequest,
-    decode_request,
     encode_abort,
     encode_add,
     encode_utility,

@@ -1,14 +1,13 @@
-"""``SamplingParams``: what the engine samples with, validated as strictly as vLLM does.
+"""``SamplingParams``: what the engine samples with, its validation and its wire map.
 
 On the wire this is a msgpack *map* keyed by vLLM's field names, default values omitted,
 including the private keys ``_eos_token_id`` (without it the engine never stops on EOS),
 ``_all_stop_token_ids`` (stop tokens ``min_tokens`` must hold back) and
-``_bad_words_token_ids``. A malformed request silently kills a real engine's input thread, so
-every check vLLM makes (its msgspec decoder's types, ``SamplingParams._verify_args`` and the
-front end's ``verify``) runs here, before anything is sent, and failures raise
-:class:`~anyio_genout.InvalidRequestError` naming the field. This module also holds the
-field checks :mod:`.requests` uses for the rest of ``EngineCoreRequest``: together they are
-the client's one validation, and nothing they accept fails to encode.
+``_bad_words_token_ids``. :meth:`SamplingParams.validate` runs every check vLLM makes on
+these fields (with the field checks of :mod:`.validation`, shared with
+:class:`~.requests.EngineCoreRequest`), before anything is sent, and remembers a success;
+:meth:`SamplingParams.wire_for_request` remembers the wire map. The token id converters the
+request types share are here too.
 """
 
 from __future__ import annotations
@@ -21,6 +20,15 @@ import attrs
 import numpy as np
 
 from ..errors import InvalidRequestError
+from .validation import (
+    INT64_MIN,
+    UINT64_MAX,
+    check_extra_args,
+    check_float,
+    check_int,
+    check_logprobs,
+    check_token,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
 
@@ -28,14 +36,6 @@ __all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
 DEFAULT_MAX_TOKENS: Final = 16
 #: ``RequestOutputKind.DELTA``: the engine always sends deltas; vLLM's front end says so.
 OUTPUT_KIND_DELTA: Final = 1
-INT64_MIN: Final = -(2**63)
-INT64_MAX: Final = 2**63 - 1
-#: msgpack (and so vLLM's msgspec ``int``) holds integers in [INT64_MIN, UINT64_MAX].
-UINT64_MAX: Final = 2**64 - 1
-#: Token ids index int32 tensors in the engine.
-TOKEN_MAX: Final = 2**31 - 1
-#: How deeply ``extra_args`` may nest (msgpack itself stops at 512).
-MAX_EXTRA_ARGS_DEPTH: Final = 32
 
 
 def _sequence(value: Any, field: str) -> tuple[Any, ...]:
@@ -169,9 +169,9 @@ class SamplingParams:
         if self.n != 1:
             raise InvalidRequestError("n", f"must be 1 (the engine samples one sequence per "
                                       f"request; fan out on the client), got {self.n}")
-        _check_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
-        _check_float(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
-        _check_float(self.repetition_penalty, "repetition_penalty", 0.0, math.inf)
+        check_float(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        check_float(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        check_float(self.repetition_penalty, "repetition_penalty", 0.0, math.inf)
         if not math.isfinite(self.repetition_penalty):
             raise InvalidRequestError(
                 "repetition_penalty", f"must be a finite number, got {self.repetition_penalty}"
@@ -180,12 +180,12 @@ class SamplingParams:
             raise InvalidRequestError(
                 "repetition_penalty", f"must be greater than zero, got {self.repetition_penalty}"
             )
-        _check_float(self.temperature, "temperature", 0.0, 2.0)
-        _check_float(self.top_p, "top_p", 0.0, 1.0)
+        check_float(self.temperature, "temperature", 0.0, 2.0)
+        check_float(self.top_p, "top_p", 0.0, 1.0)
         if self.top_p <= 0.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
         check_int(self.top_k, "top_k", low=-1)
-        _check_float(self.min_p, "min_p", 0.0, 1.0)
+        check_float(self.min_p, "min_p", 0.0, 1.0)
         if self.seed is not None:
             check_int(self.seed, "seed", low=INT64_MIN, high=UINT64_MAX)
         if self.max_tokens is not None:
@@ -197,9 +197,9 @@ class SamplingParams:
                 f"must be at most max_tokens={self.max_tokens}, got {self.min_tokens}",
             )
         if self.logprobs is not None:
-            _check_logprobs(self.logprobs, "logprobs", vocab_size, max_logprobs)
+            check_logprobs(self.logprobs, "logprobs", vocab_size, max_logprobs)
         if self.prompt_logprobs is not None:
-            _check_logprobs(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs)
+            check_logprobs(self.prompt_logprobs, "prompt_logprobs", vocab_size, max_logprobs)
         if type(self.ignore_eos) is not bool:
             raise InvalidRequestError("ignore_eos", "must be a bool")
         if self.eos_token_id is not None:
@@ -227,13 +227,13 @@ class SamplingParams:
                 raise InvalidRequestError("logit_bias", "must be a mapping of token id to bias")
             for token, bias in self.logit_bias.items():
                 check_token(token, f"logit_bias[{token!r}]", vocab_size)
-                _check_float(bias, f"logit_bias[{token!r}]", -math.inf, math.inf)
+                check_float(bias, f"logit_bias[{token!r}]", -math.inf, math.inf)
         if self.skip_reading_prefix_cache is not None and type(
             self.skip_reading_prefix_cache
         ) is not bool:
             raise InvalidRequestError("skip_reading_prefix_cache", "must be a bool or None")
         if self.extra_args is not None:
-            _check_extra_args(self.extra_args)
+            check_extra_args(self.extra_args)
 
     def wire_for_request(self, max_tokens: int | None) -> dict[str, Any]:
         """:meth:`to_wire`, memoised per ``max_tokens``; the result must not be mutated."""
@@ -343,133 +343,3 @@ class SamplingParams:
         if self.eos_token_id is not None and not self.ignore_eos:
             ids.add(self.eos_token_id)
         return frozenset(ids)
-
-
-def check_int(value: object, field: str, *, low: int = INT64_MIN,
-              high: int = INT64_MAX) -> None:
-    """An ``int`` (not a bool) in ``[low, high]`` (by default: a 64-bit signed integer)."""
-    if type(value) is not int:
-        raise InvalidRequestError(field, f"must be an integer, got {type(value).__name__}")
-    if value < low:
-        raise InvalidRequestError(field, f"must be at least {low}, got {short_int(value)}")
-    if value > high:
-        raise InvalidRequestError(field, f"must be at most {high}, got {short_int(value)}")
-
-
-def check_text(value: object, field: str, *, allow_empty: bool = True) -> None:
-    """A ``str`` that UTF-8 can encode (no lone surrogates), non-empty unless allowed."""
-    if not isinstance(value, str):
-        raise InvalidRequestError(field, f"must be a string, got {type(value).__name__}")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidRequestError(
-                field, f"is not valid Unicode text: lone surrogate {value[exc.start]!r} at "
-                f"index {exc.start}") from None
-    elif not value and not allow_empty:
-        raise InvalidRequestError(field, "must not be empty")
-
-
-def short_int(value: int) -> str:
-    """``str(value)``, or its size for a huge integer."""
-    # Never build the decimal text of a huge integer (Python refuses past 4300 digits).
-    return str(value) if -(10**30) < value < 10**30 else f"an integer of {value.bit_length()} bits"
-
-
-def _check_float(value: object, field: str, low: float, high: float) -> None:
-    # Fast path (this runs per request): NaN fails the comparison, and so does an infinity
-    # unless the range itself is unbounded on that side.
-    if type(value) is float and low <= value <= high:
-        return
-    if type(value) is int:
-        try:
-            number = float(value)  # what the wire will carry
-        except OverflowError:
-            raise InvalidRequestError(
-                field, f"must be in [{low:g}, {high:g}], got {short_int(value)}") from None
-    elif type(value) is float:
-        number = value
-    else:
-        raise InvalidRequestError(field, f"must be a number, got {type(value).__name__}")
-    if math.isnan(number):
-        raise InvalidRequestError(field, f"must be a number, got {number}")
-    if not low <= number <= high:
-        if math.isinf(number):
-            raise InvalidRequestError(field, f"must be a finite number, got {number}")
-        raise InvalidRequestError(field, f"must be in [{low:g}, {high:g}], got {number}")
-
-
-def _check_logprobs(value: object, field: str, vocab_size: int | None,
-                    max_logprobs: int | None) -> None:
-    # vLLM: -1 or non-negative (_verify_args); the front end then counts -1 as the whole
-    # vocabulary and refuses more than max_logprobs (itself -1 for "the vocabulary").
-    check_int(value, field, low=-1)
-    assert isinstance(value, int)
-    if not value or max_logprobs is None:
-        return
-    limit = vocab_size if max_logprobs == -1 else max_logprobs
-    if limit is None:
-        return
-    if value == -1:
-        if vocab_size is None or vocab_size > limit:
-            raise InvalidRequestError(
-                field, f"-1 asks for the whole vocabulary ({vocab_size or 'unknown size'}), "
-                f"more than the engine allows (max_logprobs={max_logprobs})")
-    elif value > limit:
-        raise InvalidRequestError(
-            field, f"at most {limit} are allowed by the engine (max_logprobs="
-            f"{max_logprobs}), got {short_int(value)}")
-
-
-def check_token(value: object, field: str, vocab_size: int | None) -> None:
-    """A token id: an ``int`` in ``[0, vocab_size)`` that fits int32."""
-    if type(value) is not int:
-        raise InvalidRequestError(field, f"token ids must be integers, got {type(value).__name__}")
-    if value < 0:
-        raise InvalidRequestError(field, f"token id must be non-negative, got {short_int(value)}")
-    if vocab_size is not None and value >= vocab_size:
-        raise InvalidRequestError(
-            field, f"token id {short_int(value)} is out of vocabulary (vocab_size={vocab_size})"
-        )
-    if value > TOKEN_MAX:
-        raise InvalidRequestError(field, f"token id {short_int(value)} does not fit in int32")
-
-
-def _check_extra_args(value: object) -> None:
-    # vLLM decodes extra_args as dict[str, Any]: string keys at the top, then anything
-    # msgpack carries (a tuple key arrives as a tuple). Only what msgpack can encode passes.
-    if not isinstance(value, Mapping):
-        raise InvalidRequestError("extra_args", f"must be a mapping with string keys, got "
-                                  f"{type(value).__name__}")
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise InvalidRequestError("extra_args", f"keys must be strings, got "
-                                      f"{type(key).__name__} {key!r}")
-        check_text(key, f"extra_args[{key!r}]")
-        _check_plain(item, f"extra_args[{key!r}]", 1)
-
-
-def _check_plain(value: object, field: str, depth: int) -> None:
-    if depth > MAX_EXTRA_ARGS_DEPTH:
-        raise InvalidRequestError(field, f"nested more than {MAX_EXTRA_ARGS_DEPTH} deep")
-    if value is None or isinstance(value, bool | float | bytes | bytearray):
-        return
-    if isinstance(value, str):
-        check_text(value, field)
-        return
-    if isinstance(value, int):
-        if not INT64_MIN <= value <= UINT64_MAX:
-            raise InvalidRequestError(field, f"integers must fit in 64 bits, got "
-                                      f"{short_int(value)}")
-        return
-    if isinstance(value, dict):  # msgpack encodes dicts, not other mappings
-        for k, v in value.items():
-            _check_plain(k, f"{field} key {k!r}", depth + 1)
-            _check_plain(v, f"{field}[{k!r}]", depth + 1)
-        return
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            _check_plain(v, f"{field}[{i}]", depth + 1)
-        return
-    raise InvalidRequestError(field, f"cannot be sent to the engine: {type(value).__name__}")

@@ -39,7 +39,7 @@ from anyio_genout import EngineCoreRequest, InvalidRequestError, SamplingParams
 from anyio_genout.errors import ProtocolError
 from anyio_genout.generate.request import internal_request_id
 from anyio_genout.protocol import AddRequest, decode_request
-from anyio_genout.protocol.requests import _wire_default
+from anyio_genout.protocol.requests import wire_default
 from tests.protocol._hostile_requests import (
     EOS,
     MAX_LOGPROBS,
@@ -148,7 +148,7 @@ def _raw_frames(case: Case) -> list[bytes] | None:
             engine_request = attrs.evolve(engine_request, max_tokens=MAX_MODEL_LEN - len(
                 engine_request.prompt_token_ids))
         return [b"\x00", msgpack.packb(engine_request.to_wire(), use_bin_type=True,
-                                       default=_wire_default)]
+                                       default=wire_default)]
     except Exception:
         return None
 
