@@ -13,7 +13,9 @@ import anyio
 import pytest
 
 from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, GenerateRequest
-from anyio_genout.cli.run_cmd import BadLine, Job, LineParser, LineReader, run_all, scan
+from anyio_genout.cli.run_cmd import run_all
+from anyio_genout.cli.run_input import BadLine, LineParser, LineReader, scan
+from anyio_genout.cli.run_output import Job
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.transport import free_tcp_address
 
