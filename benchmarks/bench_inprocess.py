@@ -68,7 +68,7 @@ class FakeEngine:
     def __init__(self, client: Client, steps_per_yield: int) -> None:
         self.engine = client.engine
         self.sent: list[Any] = []
-        self.engine._send_input = lambda _rank, frames: self.sent.append(frames)  # type: ignore[method-assign]
+        self.engine.capture_input(self.sent.append)
         self.running: dict[str, list[int]] = {}
         self.steps_per_yield = steps_per_yield
         self.own_time = 0.0
@@ -82,7 +82,7 @@ class FakeEngine:
                 continue
             started = time.thread_time()
             for frames in self.sent:
-                add = decode_request([bytes(f) for f in frames])
+                add = decode_request([bytes(f) for f in frames[1:]])  # after the identity
                 assert isinstance(add, AddRequest)
                 max_tokens = add.request.sampling_params.max_tokens
                 assert max_tokens is not None
@@ -102,7 +102,7 @@ class FakeEngine:
             frames = [zmq.Frame(bytes(part)) for part in
                       encode_outputs(EngineCoreOutputs(0, outputs, timestamp=float(step)))]
             self.own_time += time.thread_time() - started
-            self.engine._dispatch(frames)
+            self.engine.deliver_output(frames)
             if step % self.steps_per_yield == 0:
                 await anyio.lowlevel.checkpoint()
 

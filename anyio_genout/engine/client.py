@@ -44,7 +44,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from ..errors import (
     ClientClosedError,
-    DuplicateRequestIdError,
     EngineDeadError,
     GenoutError,
     OperationalError,
@@ -260,46 +259,83 @@ class EngineCoreClient(UtilityCalls):
 
         return unregister
 
+    # ------------------------------------------------------------------ in-process engines
+
+    def capture_input(self, sink: Callable[[list[Any]], None]) -> None:
+        """From now on hand every input message (``[identity, *frames]``) to ``sink``
+        instead of sending it. For benchmarks and tests that play the engine in the
+        client's own event loop, with :meth:`deliver_output`."""
+        self._outbox = _Capture(sink)  # type: ignore[assignment]
+
+    def deliver_output(self, frames: list[Any]) -> None:
+        """Handle one output message as the reader does after receiving it (decode,
+        dispatch); for benchmarks and tests that play the engine in-process."""
+        self._dispatch(frames)
+
     # ------------------------------------------------------------------ requests
 
     def call(self, request: EngineCoreRequest) -> _CallScope:
         """Send ``request`` and stream its outputs: ``async with engine.call(req) as s:``.
 
-        The request is validated first (:class:`~anyio_genout.InvalidRequestError`); a
-        duplicate in-flight id raises :class:`~anyio_genout.DuplicateRequestIdError`; nothing
-        is sent in either case. Leaving the block before the terminal output aborts the
-        request in the engine exactly once.
+        Entering does what :meth:`open_stream` does (and raises what it raises); leaving the
+        block before the terminal output aborts the request in the engine exactly once.
         """
-        return _CallScope(lambda: self._open_stream(request))
+        return _CallScope(lambda: self.open_stream(request))
 
-    def _open_stream(self, request: EngineCoreRequest) -> EngineCoreOutputStream:
+    def open_stream(self, request: EngineCoreRequest) -> EngineCoreOutputStream:
+        """Validate ``request``, resolve its defaults, pick its engine, register and queue
+        it; returns its stream (the synchronous half of :meth:`call`, for a layer that
+        builds its own scope: it must :meth:`~EngineCoreOutputStream.close` the stream).
+
+        This is where every decision about a new request is made, once: the one validation
+        (:meth:`EngineCoreRequest.validate` with this client's ``vocab_size``,
+        ``max_model_len`` and ``max_logprobs``), this client's ``client_index``, the
+        ``max_tokens`` default (``max_model_len`` minus the prompt, as vLLM's front end
+        fills it in), the duplicate-id check, and the engine (``data_parallel_rank``, else
+        the least loaded). :attr:`EngineCoreOutputStream.request` is the request as sent and
+        :attr:`EngineCoreOutputStream.max_tokens` its resolved cap.
+
+        Raises, with nothing sent: :class:`~anyio_genout.InvalidRequestError` naming the
+        bad field, :class:`~anyio_genout.DuplicateRequestIdError` if a live request has the
+        id, the client's sticky health error if it is unhealthy
+        (:class:`~anyio_genout.ClientClosedError` once closed); and
+        :class:`~anyio_genout.TransportError` if sending the input queue failed (which makes
+        the client unhealthy).
+        """
         self._raise_if_unhealthy()
         if request.client_index != self._config.client_index:
             request = attrs.evolve(request, client_index=self._config.client_index)
         request.validate(vocab_size=self._config.vocab_size, max_model_len=self._max_model_len,
                          max_logprobs=self._config.max_logprobs)
-        if request.max_tokens is None and request.sampling_params.max_tokens is None:
-            request = attrs.evolve(
-                request, max_tokens=self._max_model_len - len(request.prompt_token_ids))
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            max_tokens = request.sampling_params.max_tokens
+            if max_tokens is None:
+                max_tokens = self._max_model_len - len(request.prompt_token_ids)
+                request = attrs.evolve(request, max_tokens=max_tokens)
         registry = self._registry
-        if request.request_id in registry.requests:
-            raise DuplicateRequestIdError(request.request_id)
         engine = registry.choose_engine(request.data_parallel_rank)
         frames = encode_add(request)
-        # An abort of an earlier request with this id may still be queued: send it first, or
-        # the engine would see a duplicate id and die.
-        pending = self._pending_aborts.pop(request.request_id, None)
-        if pending is not None:
-            self._send_abort_now(pending, [request.request_id])
-        entry = registry.register(request.request_id, engine)
+        entry = registry.register(request.request_id, engine)  # DuplicateRequestIdError
         try:
+            # An abort of an earlier request with this id may still be queued: send it
+            # first, or the engine would see a duplicate id and die.
+            pending = self._pending_aborts.pop(request.request_id, None)
+            if pending is not None:
+                self._send_abort_now(pending, [request.request_id])
             self._send_input(engine, frames)
         except BaseException:
             registry.remove(request.request_id)
             entry.box.discard()
             raise
-        return EngineCoreOutputStream(request.request_id, engine, entry.box,
+        return EngineCoreOutputStream(request, max_tokens, engine, entry.box,
                                       self._on_stream_close)
+
+    def abort_queued(self, request_id: str) -> bool:
+        """Whether the ABORT of a stream closed early with this id waits in the abort queue
+        (not yet queued for the engine's input, so a request queued now would reach the
+        engine before it; :meth:`open_stream` with that id sends the ABORT first)."""
+        return request_id in self._pending_aborts
 
     def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
         entry = self._registry.requests.get(stream.request_id)
@@ -958,6 +994,19 @@ def _copy_error(error: BaseException) -> BaseException:
         return error
     copy.__cause__ = error
     return copy
+
+
+class _Capture:
+    """An outbox that hands each message to a function (see ``capture_input``)."""
+
+    def __init__(self, sink: Callable[[list[Any]], None]) -> None:
+        self.put = sink
+
+    def flush(self) -> None:
+        pass
+
+    async def run(self) -> None:
+        await anyio.sleep_forever()
 
 
 class _Connection:

@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosed
-from ..protocol import EngineCoreOutput
+from ..protocol import EngineCoreOutput, EngineCoreRequest
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
 if TYPE_CHECKING:
@@ -52,12 +52,15 @@ class EngineCoreOutputStream:
     :meth:`close` from another task ends the iteration of a waiting consumer.
     """
 
-    __slots__ = ("_box", "_closed", "_engine_index", "_on_close", "_request_id",
-                 "_since_checkpoint", "_state", "timestamp")
+    __slots__ = ("_box", "_closed", "_engine_index", "_max_tokens", "_on_close", "_request",
+                 "_request_id", "_since_checkpoint", "_state", "timestamp")
 
-    def __init__(self, request_id: str, engine_index: int, box: OutputMailbox,
+    def __init__(self, request: EngineCoreRequest, max_tokens: int, engine_index: int,
+                 box: OutputMailbox,
                  on_close: Callable[[EngineCoreOutputStream, bool], None]) -> None:
-        self._request_id = request_id
+        self._request = request
+        self._request_id = request.request_id
+        self._max_tokens = max_tokens
         self._engine_index = engine_index
         self._box = box
         self._on_close = on_close
@@ -70,6 +73,18 @@ class EngineCoreOutputStream:
     @property
     def request_id(self) -> str:
         return self._request_id
+
+    @property
+    def request(self) -> EngineCoreRequest:
+        """The request as it was sent (validated, its defaults resolved)."""
+        return self._request
+
+    @property
+    def max_tokens(self) -> int:
+        """The output-token cap the engine applies: the request's ``max_tokens``, else its
+        sampling parameters', else what the client filled in (``max_model_len`` minus the
+        prompt, as vLLM's front end does)."""
+        return self._max_tokens
 
     @property
     def engine_index(self) -> int:
@@ -89,6 +104,27 @@ class EngineCoreOutputStream:
         return self
 
     async def __anext__(self) -> EngineCoreStreamOutput:
+        """The next output with its engine and batch timestamp.
+
+        Raises :class:`StopAsyncIteration` after the terminal output (or once the stream
+        was closed), the client's sticky health error (e.g.
+        :class:`~anyio_genout.EngineDeadError`, :class:`~anyio_genout.ClientClosedError`),
+        :class:`~anyio_genout.RequestStreamClosed` if the engine dropped the request without
+        a terminal output, and :class:`anyio.BusyResourceError` if another task is waiting
+        on this stream.
+        """
+        output = await self.receive_output()
+        return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
+
+    async def receive_output(self) -> EngineCoreOutput:
+        """Like ``__anext__``, but the output alone; its engine batch timestamp is then
+        :attr:`timestamp` (the generate layer reads outputs this way, saving an object per
+        output). Raises what ``__anext__`` raises.
+
+        The stream's one checkpoint rule: an output already buffered is returned at once,
+        with a full checkpoint every ``CHECKPOINT_EVERY`` (32) such outputs; with none
+        buffered it waits, which is a checkpoint.
+        """
         if self._state is not StreamState.RUNNING:
             # Only a cancellation point: every stream has waited for the engine at least
             # once, so a loop over short requests cannot starve the event loop.
@@ -112,7 +148,7 @@ class EngineCoreOutputStream:
         output = self.receive_output_nowait()
         if output is None:  # ended meanwhile: close() from another task
             raise StopAsyncIteration
-        return _tuple_new(EngineCoreStreamOutput, (self._engine_index, self.timestamp, output))
+        return output
 
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")

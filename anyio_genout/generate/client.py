@@ -103,7 +103,8 @@ class Client:
         internal = internal_request_id(request.request_id, self._config.randomize_request_ids)
         engine_request = request.to_engine_request(internal,
                                                    eos_token_id=self._config.eos_token_id)
-        return GenerateStream(self, engine_request)
+        return GenerateStream(self._engine, self._metrics, self._inflight, engine_request,
+                              callers_ids=not self._config.randomize_request_ids)
 
     async def abort(self, request_ids: Sequence[str] = ()) -> None:
         """Abort every live request with one of these external ids (all requests if empty).

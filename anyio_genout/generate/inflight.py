@@ -4,7 +4,7 @@ ids an engine may still send late outputs for (:class:`AbortedIds`)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import DuplicateRequestIdError
 
@@ -129,17 +129,19 @@ class AbortedIds:
         self._ids[request_id] = engine
         self._engine(engine).unsent.append(request_id)
 
-    def opened(self, engine: int, pending_aborts: Container[str]) -> int:
+    def opened(self, engine: int, abort_queued: Callable[[str], bool]) -> int:
         """A request's ADD was just queued for ``engine``: its number there.
 
-        ``pending_aborts`` holds the ids whose ABORT is not queued yet."""
+        ``abort_queued(id)`` tells whether an id's ABORT still waits in the engine client's
+        abort queue, not yet queued for the engine (:meth:`EngineCoreClient.abort_queued`).
+        """
         state = self._engine(engine)
         state.opened += 1
         number = state.opened
         if state.unsent:
             still: list[str] = []
             for request_id in state.unsent:
-                if request_id in pending_aborts:
+                if abort_queued(request_id):
                     still.append(request_id)
                 else:  # its ABORT went before this request's ADD
                     state.sent.append((number, request_id))

@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..engine import EngineCoreOutputStream
-from ..engine.stream import CHECKPOINT_EVERY
+from ..engine import EngineCoreClient, EngineCoreOutputStream
 from ..errors import SamplingMaskMismatchError
-from ..metrics import RequestTracker
+from ..metrics import Metrics, RequestTracker
 from ..protocol import EngineCoreFinishReason, EngineCoreRequest, Logprobs, SamplingMask
 from .abort_cause import AbortCause
-from .inflight import AbortedIds, InflightGuard
+from .inflight import AbortedIds, InflightGuard, InflightRequests
 from .output import (
     CollectedGenerateOutput,
     FinishReason,
@@ -38,8 +37,6 @@ from .stop_sequences import StopSequenceMatcher
 
 if TYPE_CHECKING:
     from typing import Self
-
-    from .client import Client
 
 __all__ = ["GenerateStream"]
 
@@ -57,12 +54,18 @@ class GenerateStream:
     an output while another one does gets :class:`anyio.BusyResourceError` at once.
     """
 
-    __slots__ = ("_aborted", "_client", "_done", "_engine_request", "_entered", "_external_id",
-                 "_guard", "_matcher", "_number", "_prompt_pending", "_raw",
-                 "_since_checkpoint", "_tracker")
+    __slots__ = ("_aborted", "_done", "_engine", "_engine_request", "_entered", "_external_id",
+                 "_guard", "_inflight", "_matcher", "_metrics", "_number", "_prompt_pending",
+                 "_raw", "_tracker")
 
-    def __init__(self, client: Client, engine_request: EngineCoreRequest) -> None:
-        self._client = client
+    def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
+                 engine_request: EngineCoreRequest, *, callers_ids: bool) -> None:
+        """Made by :meth:`Client.generate`. ``callers_ids``: the engine knows the request
+        by the caller's own id (``randomize_request_ids=False``), so an aborted id is
+        refused for a while (:class:`AbortedIds`)."""
+        self._engine = engine
+        self._metrics = metrics
+        self._inflight = inflight
         self._engine_request = engine_request
         self._external_id = engine_request.external_req_id or engine_request.request_id
         self._raw: EngineCoreOutputStream | None = None
@@ -70,15 +73,13 @@ class GenerateStream:
         self._tracker: RequestTracker | None = None
         self._guard: InflightGuard | None = None
         # Ids the caller chose are refused for reuse while late outputs may come (see there).
-        self._aborted: AbortedIds | None = (
-            None if client.config.randomize_request_ids else client._inflight.aborted)
+        self._aborted: AbortedIds | None = inflight.aborted if callers_ids else None
         self._number = 0
         sequences = engine_request.sampling_params.stop_token_sequences
         self._matcher = (StopSequenceMatcher(
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._prompt_pending = True
         self._done = False
-        self._since_checkpoint = 0
 
     # ------------------------------------------------------------------ scope
 
@@ -88,23 +89,22 @@ class GenerateStream:
         self._entered = True
         await anyio.lowlevel.checkpoint_if_cancelled()
         try:
-            client = self._client
-            request = self._engine_request
+            engine = self._engine
             aborted = self._aborted
             if aborted is not None:
-                aborted.check(request.request_id)
-            raw = client.engine._open_stream(request)
+                aborted.check(self._engine_request.request_id)
+            raw = engine.open_stream(self._engine_request)
             self._raw = raw
+            request = self._engine_request = raw.request
             if aborted is not None:
-                self._number = aborted.opened(raw.engine_index,
-                                              client.engine._pending_aborts)
-            self._tracker = client.metrics.tracker(
+                self._number = aborted.opened(raw.engine_index, engine.abort_queued)
+            self._tracker = self._metrics.tracker(
                 engine_index=raw.engine_index,
                 arrival_time=request.arrival_time,
                 prompt_len=len(request.prompt_token_ids),
-                max_tokens=_resolved_max_tokens(request, client.engine.max_model_len),
+                max_tokens=raw.max_tokens,
             )
-            self._guard = client._inflight.track(self._external_id, request.request_id)
+            self._guard = self._inflight.track(self._external_id, request.request_id)
         except BaseException:
             self._release()
             raise
@@ -186,17 +186,7 @@ class GenerateStream:
         if self._done and not raw.terminated:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        # Take a buffered output without a coroutine round trip; checkpoint every few outputs
-        # (waiting for the next output, when none is buffered, is a checkpoint too).
-        output = raw.receive_output_nowait()
-        if output is None:
-            self._since_checkpoint = 0
-            output = (await raw.__anext__()).output
-        else:
-            self._since_checkpoint += 1
-            if self._since_checkpoint >= CHECKPOINT_EVERY:
-                self._since_checkpoint = 0
-                await anyio.lowlevel.checkpoint()
+        output = await raw.receive_output()  # its checkpoint rule is the engine stream's
         tracker = self._tracker
         assert tracker is not None
         # One unpacking instead of a field lookup per use (this runs once per token).
@@ -260,12 +250,3 @@ class GenerateStream:
     async def collect_output(self) -> CollectedGenerateOutput:
         """Gather the rest of this stream (see :func:`collect_output`)."""
         return await collect_output(self)
-
-
-def _resolved_max_tokens(request: EngineCoreRequest, max_model_len: int) -> int:
-    """The output-token cap the engine will apply (vLLM's front end fills it in likewise)."""
-    if request.max_tokens is not None:
-        return request.max_tokens
-    if request.sampling_params.max_tokens is not None:
-        return request.sampling_params.max_tokens
-    return max_model_len - len(request.prompt_token_ids)
