@@ -16,21 +16,26 @@ the front end goes away. Plain decode rows (no logprobs, events or finish) are
 packed straight into msgpack bytes from per-request prefixes, so the mock is never the
 bottleneck of a client.
 
-The class is built in layers, one module each, every layer using only those below it:
+The engine is composed of parts, one module each, that call each other's public methods
+only (none imports the engine):
 
 * :mod:`.wire`: ``OutputWriter``, the output sockets and ``EngineCoreOutputs`` assembled
-  from pre-packed row bytes, utility replies, ``ENGINE_CORE_DEAD``;
+  from pre-packed row bytes, utility replies, ``ENGINE_CORE_DEAD``; it keeps ``errors``;
 * :mod:`.scheduler`: ``Scheduler``, the waiting queue and running batch (admission,
   preemption, aborts, pauses, KV and prefix-cache accounting), of :mod:`.request` records;
-* :mod:`.step`: ``Stepper``, one step: the token hot loop and the scheduler stats;
-* this module: ``MockEngine``, start-up (handshake or bootstrap), the serve loop, input
-  decoding, fault injection, and utility calls, made on :mod:`.utility`'s ``EngineCoreProc``.
+  it sends through the writer;
+* :mod:`.step`: ``Stepper``, one step over the scheduler's batch: the token hot loop and the
+  scheduler stats, sent through the writer;
+* :mod:`.utility`: ``UtilityCalls``, utility calls on its ``EngineCoreProc`` facade, over
+  the scheduler and the writer;
+* this module: ``MockEngine``, which builds the parts and owns start-up (handshake or
+  bootstrap), the serve loop, input decoding and fault injection.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any, Final
 
 import anyio
@@ -45,6 +50,7 @@ from ..protocol import (
     AddRequest,
     EngineCoreReadyResponse,
     EngineStatus,
+    SchedulerStats,
     StatusMessage,
     UtilityRequest,
     decode_init,
@@ -54,18 +60,17 @@ from ..protocol import (
 )
 from ..transport import MonitorEvent, ZmqSocket, new_context
 from .config import MockEngineConfig
-from .scheduler import Pause
+from .request import Request
+from .scheduler import Pause, Scheduler
 from .step import Stepper
-from .utility import EngineCoreProc
-from .wire import pack
+from .utility import UtilityCalls
+from .wire import OutputWriter, pack
 
 __all__ = ["MockEngine"]
 
 Received = AddRequest | AbortRequest | UtilityRequest
 
 _GARBAGE: Final = b"\xc1"  # the one byte msgpack never uses
-_PAUSE_MODES: Final = ("abort", "wait", "keep")
-_DEFERRED: Final = object()  # a utility whose reply waits for the engine to drain
 #: Seconds READY may take to leave once the handshake socket is closed after it (only a
 #: peer that is gone takes longer; closing the engine's context waits that long for it).
 _READY_LINGER: Final = 0.5
@@ -74,7 +79,7 @@ _CLIENT_EVENTS: Final = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                          | zmq.EVENT_CONNECT_RETRIED)
 
 
-class MockEngine(Stepper):
+class MockEngine:
     """A mock engine core; :meth:`serve` runs it until cancelled (or until it dies).
 
     Observable state for tests (read it from the test's task, between awaits):
@@ -92,17 +97,17 @@ class MockEngine(Stepper):
     """
 
     def __init__(self, config: MockEngineConfig) -> None:
-        super().__init__(config)  # the state of the layers: outputs, scheduler, step
+        self.config = config
         self.received: list[Received] = []
         self.deaf = False
         self.silent = False
         self.ready = False
         self.client_left = False
-        self._sleep_level = 0
-        self._pending_pauses: list[tuple[int, int, Callable[[], None] | None]] = []
+        writer = self._writer = OutputWriter(config)
+        scheduler = self._scheduler = Scheduler(config, writer)
+        self._stepper = Stepper(config, scheduler, writer)
+        self._utility = UtilityCalls(scheduler, writer)
         self._garbage_sent = False
-        self._utility = EngineCoreProc(self)
-        self._current_call: tuple[int, int] = (0, 0)
         self._served = False
         self._context: zmq.Context[Any] | None = None
         self._handshake: ZmqSocket | None = None
@@ -113,19 +118,56 @@ class MockEngine(Stepper):
 
     @property
     def running_ids(self) -> list[str]:
-        return [r.rid for r in self._running if r.alive]
+        return _alive(self._scheduler.running)
 
     @property
     def waiting_ids(self) -> list[str]:
-        return [r.rid for r in self._waiting if r.alive]
+        return _alive(self._scheduler.waiting)
 
     @property
     def paused(self) -> bool:
-        return self._pause is not Pause.UNPAUSED
+        return self._scheduler.pause is not Pause.UNPAUSED
 
     @property
     def weight_version(self) -> str:
-        return self._weight_version
+        return self._writer.weight_version
+
+    @property
+    def added_ids(self) -> list[str]:
+        return self._scheduler.added_ids
+
+    @property
+    def aborted_ids(self) -> list[str]:
+        return self._scheduler.aborted_ids
+
+    @property
+    def abort_frames(self) -> int:
+        return self._scheduler.abort_frames
+
+    @property
+    def steps(self) -> int:
+        return self._stepper.steps
+
+    @property
+    def last_stats(self) -> SchedulerStats | None:
+        return self._stepper.last_stats
+
+    @property
+    def errors(self) -> list[str]:
+        return self._writer.errors
+
+    @property
+    def dead(self) -> bool:
+        return self._writer.dead
+
+    @property
+    def death_reason(self) -> str | None:
+        return self._writer.death_reason
+
+    def die(self, reason: str) -> None:
+        """Send ``ENGINE_CORE_DEAD`` now (``death_reason`` is ``reason``), as an engine whose
+        busy loop raised; the serve loop then returns. Raises nothing."""
+        self._writer.die(reason)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,7 +204,7 @@ class MockEngine(Stepper):
         finally:
             with anyio.CancelScope(shield=True):
                 if not self.client_left:  # else nobody is there to receive them
-                    await self._flush_tracked()
+                    await self._writer.flush_tracked()
             self._close()
 
     async def _run(self) -> None:
@@ -171,7 +213,7 @@ class MockEngine(Stepper):
         except anyio.get_cancelled_exc_class():
             if (self.config.faults.abort_on_shutdown and not self.dead
                     and not self.client_left):
-                self._abort_everything(shutdown=True)
+                self._scheduler.abort_everything(shutdown=True)
             raise
 
     async def _watch_client(self, monitor: ZmqSocket, scope: anyio.CancelScope) -> None:
@@ -202,9 +244,10 @@ class MockEngine(Stepper):
     def _close(self) -> None:
         if self._input_monitor is not None:
             self._input_monitor.close()  # before the socket it watches
-        for sock in (self._handshake, self._input, *self._outputs):
+        for sock in (self._handshake, self._input):
             if sock is not None:
                 sock.close()
+        self._writer.close()
         if self._context is not None:
             self._context.term()
             self._context = None
@@ -239,7 +282,7 @@ class MockEngine(Stepper):
         await inp.send([self._ready_payload()])
         for address in output_addresses:
             out = ZmqSocket(ctx, zmq.PUSH)
-            self._outputs.append(out)
+            self._writer.add_output(out)
             out.connect(address)
         if self._handshake is not None:
             await self._handshake.send([encode_status(
@@ -275,6 +318,10 @@ class MockEngine(Stepper):
     # ------------------------------------------------------------------ main loop
 
     async def _loop(self) -> None:
+        sched = self._scheduler
+        writer = self._writer
+        step = self._stepper.step
+        resolve_pauses = self._utility.resolve_pauses
         step_time = self.config.step_time
         steps_per_checkpoint = self.config.steps_per_checkpoint
         next_step = anyio.current_time()
@@ -285,22 +332,22 @@ class MockEngine(Stepper):
         while True:
             if not self.deaf and unpaced_steps == 0:
                 self._drain_input()
-            if self._dirty:
-                self._purge()
+            if sched.dirty:
+                sched.purge()
             if self._check_faults():
                 return
             if self.silent:
                 await anyio.sleep_forever()
-            if self._has_step_work():
+            if sched.has_step_work():
                 paced = step_time > 0
                 now = anyio.current_time() if paced else 0.0
                 if not paced or now >= next_step:
-                    self._step()
-                    if self._blocked:
-                        await self._send_blocked()
+                    step()
+                    if writer.blocked:
+                        await writer.send_blocked()
                     if self._check_faults():
                         return
-                    self._resolve_pauses()
+                    resolve_pauses()
                     next_step = now + step_time
                 if not paced:
                     unpaced_steps += 1
@@ -311,8 +358,8 @@ class MockEngine(Stepper):
                 timeout = next_step - anyio.current_time()
             else:
                 self._idle_duties()
-                if self._blocked:
-                    await self._send_blocked()
+                if writer.blocked:
+                    await writer.send_blocked()
                 timeout = math.inf
             unpaced_steps = 0
             await self._wait_input(timeout)
@@ -331,35 +378,38 @@ class MockEngine(Stepper):
     def _check_faults(self) -> bool:
         """Apply the step-count faults; True when the engine is dead and must stop."""
         faults = self.config.faults
-        steps = self.steps
+        steps = self._stepper.steps
+        writer = self._writer
         if faults.dead_after_steps is not None and steps >= faults.dead_after_steps:
-            self._die(f"fault injection: dead after {faults.dead_after_steps} steps")
-        if self.dead:
+            writer.die(f"fault injection: dead after {faults.dead_after_steps} steps")
+        if writer.dead:
             return True
         if (faults.garbage_after_steps is not None and not self._garbage_sent
                 and steps >= faults.garbage_after_steps):
             self._garbage_sent = True
-            for out in self._outputs:
-                self._send(out, [_GARBAGE])
+            writer.send_to_all([_GARBAGE])
         if faults.silent_after_steps is not None and steps >= faults.silent_after_steps:
             self.silent = True  # the loop stops reading input and stepping
         return False
 
     def _idle_duties(self) -> None:
-        self._resolve_pauses()
-        if self._flush_stats:
+        self._utility.resolve_pauses()
+        sched = self._scheduler
+        if sched.owes_stats:
             # After a finish (or an abort) a real engine steps once more with nothing
             # scheduled, sending scheduler stats alone.
-            self._flush_stats = False
-            if self.config.log_stats and self._outputs:
-                self._send_message(0, [], self._stats_bytes(), weight_version=True)
+            sched.owes_stats = False
+            writer = self._writer
+            if self.config.log_stats and writer.num_clients:
+                writer.send_message(0, [], self._stepper.stats_bytes(), weight_version=True)
 
     # ------------------------------------------------------------------ input
 
     def _drain_input(self) -> None:
         inp = self._input
         assert inp is not None
-        while not self.deaf and not self.dead and inp.readable():
+        writer = self._writer
+        while not self.deaf and not writer.dead and inp.readable():
             frames = inp.receive_nowait()
             if frames is not None:
                 self._handle([f.bytes for f in frames])
@@ -369,7 +419,7 @@ class MockEngine(Stepper):
         if kind == b"\x05":  # WAKEUP: internal, ignored
             return
         if kind == b"\x04":  # EXECUTOR_FAILED: the busy loop raises
-            self._die("EXECUTOR_FAILED request received: Executor failed.")
+            self._writer.die("EXECUTOR_FAILED request received: Executor failed.")
             return
         if kind == b"\x02":
             self.errors.append("Unrecognized input request type encountered: START_DP_WAVE")
@@ -387,57 +437,15 @@ class MockEngine(Stepper):
         if self.config.keep_history:
             self.received.append(request)
         if isinstance(request, AddRequest):
-            self._add(request)
+            self._scheduler.add(request)
         elif isinstance(request, AbortRequest):
-            self._abort(request.request_ids)
+            self._scheduler.abort(request.request_ids)
         else:
-            self._call_utility(request)
+            self._utility.call(request)
 
-    # ------------------------------------------------------------------ utilities
 
-    def _call_utility(self, call: UtilityRequest) -> None:
-        if not 0 <= call.client_index < len(self._outputs):
-            self.errors.append(f"utility {call.method!r}: client_index {call.client_index} "
-                               f"has no output socket; dropped")
-            return
-        self._current_call = (call.client_index, call.call_id)
-        method = call.method
-        try:
-            if method.startswith("_"):
-                raise AttributeError(f"'EngineCoreProc' object has no attribute '{method}'")
-            result = getattr(self._utility, method)(*call.args)
-        except Exception as exc:
-            self._send_utility(call.client_index, call.call_id,
-                               f"Call to {method} method failed: {exc}", None)
-            return
-        if result is _DEFERRED:
-            return
-        self._send_utility(call.client_index, call.call_id, None, result)
-
-    def _pause_scheduler(self, mode: str, clear_cache: bool,
-                         then: Callable[[], None] | None) -> object:
-        if mode not in _PAUSE_MODES:
-            raise ValueError(f"Invalid pause mode: {mode}")
-        if mode == "abort":
-            self._abort_everything(shutdown=False)
-        self._pause = Pause.ALL if mode == "keep" else Pause.NEW
-        if clear_cache:
-            self._reset_prefix_cache()
-        if mode == "wait" and self._running_alive():
-            self._pending_pauses.append((*self._current_call, then))
-            return _DEFERRED
-        if then is not None:
-            then()
-        return None
-
-    def _resolve_pauses(self) -> None:
-        if not self._pending_pauses or self._running_alive():
-            return
-        pending, self._pending_pauses = self._pending_pauses, []
-        for client, call_id, then in pending:
-            if then is not None:
-                then()
-            self._send_utility(client, call_id, None, None)
+def _alive(requests: Iterable[Request]) -> list[str]:
+    return [r.rid for r in requests if r.alive]
 
 
 def _check_private_keys(add: AddRequest) -> None:

@@ -1,12 +1,17 @@
 """The mock engine's scheduler: the waiting queue, the running batch and their accounting.
 
-:class:`Scheduler` is the layer of :class:`~.engine.MockEngine` above
-:class:`~.wire.OutputWriter`. It holds every live request (a :class:`~.request.Request`)
-and does what vLLM's scheduler does around a step: add requests to the waiting queue (or
+:class:`Scheduler` is the part of :class:`~.engine.MockEngine` that holds every live request
+(a :class:`~.request.Request`); it sends through the engine's :class:`~.wire.OutputWriter`
+(which it is given, and uses by its public methods only). It does what vLLM's scheduler
+does around a step: add requests to the waiting queue (or
 fail them: a request-scoped ERROR output, or ``ENGINE_CORE_DEAD`` on a duplicate id), admit
 them FIFO into the running batch up to ``max_num_seqs``, preempt, abort (silently and
 idempotently, removing aborted requests in batches), pause, and keep the KV-cache token
 count and an LRU prefix cache of block hashes for the prefix-cache stats.
+
+The step (:class:`~.step.Stepper`) reads ``running`` and ``zombies`` directly in its hot
+loop, and hands what it did back through :meth:`Scheduler.account`; everything else the
+other parts need is a method here.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import enum
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from ..protocol import AddRequest, EngineCoreEventType, EngineCoreFinishReason
 from .config import MockEngineConfig
@@ -38,21 +43,29 @@ class Pause(enum.IntEnum):
     ALL = 2  # nothing steps
 
 
-class Scheduler(OutputWriter):
-    """Requests and the batch (the layer of :class:`~.engine.MockEngine` above the outputs)."""
+class Scheduler:
+    """Requests and the batch (the scheduling part of :class:`~.engine.MockEngine`).
 
-    def __init__(self, config: MockEngineConfig) -> None:
-        super().__init__(config)
+    Public state: ``running`` (the batch, in order; may hold aborted requests until
+    :meth:`purge`), ``waiting`` (FIFO), ``zombies`` (aborted, still owed late outputs),
+    ``dirty`` (aborted requests still sit in ``running`` or ``waiting``), ``pause``,
+    ``owes_stats`` (an empty step owes the stats, after a finish or an abort), and the
+    history: ``added_ids``, ``aborted_ids``, ``abort_frames``.
+    """
+
+    def __init__(self, config: MockEngineConfig, writer: OutputWriter) -> None:
+        self.config = config
         self.added_ids: list[str] = []
         self.aborted_ids: list[str] = []
         self.abort_frames = 0
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.zombies: list[Request] = []
+        self.dirty = False
+        self.pause = Pause.UNPAUSED
+        self.owes_stats = False
+        self._writer = writer
         self._requests: dict[str, Request] = {}
-        self._running: list[Request] = []
-        self._waiting: deque[Request] = deque()
-        self._zombies: list[Request] = []  # aborted, still owed late outputs
-        self._dirty = False  # aborted requests still sit in _running/_waiting
-        self._pause = Pause.UNPAUSED
-        self._flush_stats = False  # an empty step owes the stats (after a finish or abort)
         self._kv_tokens = 0
         self._prefix_cache: OrderedDict[int, None] = OrderedDict()
         self._pc_reset = False
@@ -60,28 +73,28 @@ class Scheduler(OutputWriter):
 
     # ------------------------------------------------------------------ requests
 
-    def _add(self, add: AddRequest) -> None:
+    def add(self, add: AddRequest) -> None:
         cfg = self.config
         req = add.request
         rid = req.request_id
         if rid in self._requests:
-            self._die(f"AssertionError: duplicate request id {rid!r}")
+            self._writer.die(f"AssertionError: duplicate request id {rid!r}")
             return
         if cfg.keep_history:
             self.added_ids.append(rid)
-        if not 0 <= req.client_index < len(self._outputs):
-            self.errors.append(f"request {rid!r}: client_index {req.client_index} has no "
+        if not 0 <= req.client_index < self._writer.num_clients:
+            self._writer.errors.append(f"request {rid!r}: client_index {req.client_index} has no "
                                f"output socket; dropped")
             return
         if req.max_tokens is None:
             # Request.from_engine_core_request asserts max_tokens is set; vLLM turns the
             # preprocessing failure into a request-scoped ERROR output.
-            self.errors.append(f"request {rid!r}: max_tokens is nil")
-            self._send_finish_outputs(req.client_index, [(rid, None)], _ERROR)
+            self._writer.errors.append(f"request {rid!r}: max_tokens is nil")
+            self._writer.send_finish_outputs(req.client_index, [(rid, None)], _ERROR)
             return
         r = self._new_request(add)
         self._requests[rid] = r
-        self._waiting.append(r)
+        self.waiting.append(r)
         if cfg.log_stats:
             r.events = [(_QUEUED, time.monotonic())]
 
@@ -112,7 +125,7 @@ class Scheduler(OutputWriter):
             prompt_logprobs = vocab
         trace = dict(req.trace_headers) if req.trace_headers else None
         mid = (b"\xc0" * 8 + (b"\xc0" if trace is None else pack(trace))
-               + b"\xc0\xc0\x00" + self._tail_fields)
+               + b"\xc0\xc0\x00" + self._writer.tail_fields)
         return Request(
             rid=req.request_id, client=req.client_index, prompt=prompt, key=key,
             greedy=greedy, limit=limit, eos=eos, stops=stops, checks=checks,
@@ -120,10 +133,10 @@ class Scheduler(OutputWriter):
             prompt_logprobs=prompt_logprobs,
             allowed=list(params.allowed_token_ids) if params.allowed_token_ids else None,
             trace=trace, cache_salt=req.cache_salt, oov=oov,
-            prefix=self._row_header + pack(req.request_id), mid=mid,
+            prefix=self._writer.row_header + pack(req.request_id), mid=mid,
         )
 
-    def _abort(self, ids: Iterable[str]) -> None:
+    def abort(self, ids: Iterable[str]) -> None:
         ids = list(ids)
         self.abort_frames += 1
         if self.config.keep_history:
@@ -134,59 +147,59 @@ class Scheduler(OutputWriter):
             if r is None:
                 continue  # unknown or finished: ignored
             r.alive = False
-            self._dirty = True
-            if late and r.scheduled_once and r in self._running:
+            self.dirty = True
+            if late and r.scheduled_once and r in self.running:
                 r.late = late
-                self._zombies.append(r)
+                self.zombies.append(r)
         if self.config.log_stats:
-            self._flush_stats = True
+            self.owes_stats = True
 
-    def _purge(self) -> None:
+    def purge(self) -> None:
         """Drop aborted requests from the queues (batched: aborts can come by the thousand)."""
-        self._dirty = False
-        running = [r for r in self._running if r.alive]
-        for r in self._running:
+        self.dirty = False
+        running = [r for r in self.running if r.alive]
+        for r in self.running:
             if not r.alive:
                 self._kv_tokens -= len(r.prompt) + r.num_out
-        self._running = running
-        self._waiting = deque(r for r in self._waiting if r.alive)
+        self.running = running
+        self.waiting = deque(r for r in self.waiting if r.alive)
 
-    def _abort_everything(self, *, shutdown: bool) -> None:
+    def abort_everything(self, *, shutdown: bool) -> None:
         """Finish every request with ABORT outputs (pause mode "abort", or SIGTERM)."""
         by_client: dict[int, list[tuple[str, dict[str, str] | None]]] = {}
-        for r in [*self._running, *self._waiting]:
+        for r in [*self.running, *self.waiting]:
             if r.alive:
                 r.alive = False
                 self._requests.pop(r.rid, None)
                 by_client.setdefault(r.client, []).append((r.rid, r.trace))
-        self._running = []
-        self._waiting = deque()
-        self._zombies = []
+        self.running = []
+        self.waiting = deque()
+        self.zombies = []
         self._kv_tokens = 0
         for client, requests in by_client.items():
-            self._send_finish_outputs(client, requests, _ABORT, tracked=shutdown)
+            self._writer.send_finish_outputs(client, requests, _ABORT, tracked=shutdown)
 
     # ------------------------------------------------------------------ scheduling
 
-    def _has_step_work(self) -> bool:
-        if self._pause is Pause.ALL:
+    def has_step_work(self) -> bool:
+        if self.pause is Pause.ALL:
             return False
-        if self._zombies:
+        if self.zombies:
             return True
-        return bool(self._running or (self._waiting and self._pause is Pause.UNPAUSED))
+        return bool(self.running or (self.waiting and self.pause is Pause.UNPAUSED))
 
-    def _admit(self, now: float) -> None:
+    def admit(self, now: float) -> None:
         """Move waiting requests into the running batch (FIFO, up to max_num_seqs)."""
         cfg = self.config
-        waiting = self._waiting
-        running = self._running
+        waiting = self.waiting
+        running = self.running
         while waiting and len(running) < cfg.max_num_seqs:
             r = waiting.popleft()
             if not r.alive:
                 continue
             if r.oov:
                 # The worker indexes the embedding table with it and dies.
-                self._die(f"request {r.rid!r}: token id out of vocabulary "
+                self._writer.die(f"request {r.rid!r}: token id out of vocabulary "
                           f"(vocab_size={cfg.vocab_size}): IndexError: index out of range "
                           f"in self")
                 return
@@ -236,8 +249,8 @@ class Scheduler(OutputWriter):
             "num_external_cached_tokens": 0, "num_cache_creation_tokens": created,
         }
 
-    def _preempt(self, r: Request, now: float) -> None:
-        self._running.remove(r)
+    def preempt(self, r: Request, now: float) -> None:
+        self.running.remove(r)
         self._kv_tokens -= len(r.prompt) + r.num_out
         r.num_preemptions += 1
         if self.config.log_stats:
@@ -245,15 +258,58 @@ class Scheduler(OutputWriter):
                 r.events = []
             r.events.append((_PREEMPTED, now))
             set_plain(r, False)
-        self._waiting.appendleft(r)
+        self.waiting.appendleft(r)
 
-    def _preempt_all(self, now: float) -> None:
-        for r in reversed([r for r in self._running if r.alive]):
-            self._preempt(r, now)
+    def preempt_all(self, now: float) -> None:
+        for r in reversed([r for r in self.running if r.alive]):
+            self.preempt(r, now)
 
-    def _running_alive(self) -> bool:
-        return any(r.alive for r in self._running)
+    def running_alive(self) -> bool:
+        return any(r.alive for r in self.running)
 
-    def _reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> None:
         self._prefix_cache.clear()
         self._pc_reset = True
+
+    def preempt_last(self, now: float) -> None:
+        """Preempt the newest running request (``preempt_every`` fault injection)."""
+        if self.running:
+            self.preempt(self.running[-1], now)
+
+    # ------------------------------------------------------------------ after a step
+
+    def account(self, emitted: int, finished: list[Request]) -> None:
+        """Book a step: ``emitted`` tokens were generated, ``finished`` requests are done
+        (already marked not alive by the step)."""
+        self._kv_tokens += emitted
+        if finished:
+            requests = self._requests
+            for r in finished:
+                del requests[r.rid]
+                self._kv_tokens -= len(r.prompt) + r.num_out
+            self.running = [r for r in self.running if r.alive]
+            if self.config.log_stats:
+                self.owes_stats = True
+
+    def settle_late(self) -> None:
+        """Forget the zombies that were sent every late output they were owed."""
+        self.zombies = [r for r in self.zombies if r.late > 0]
+
+    def kv_cache_usage(self) -> float:
+        cfg = self.config
+        used_blocks = -(-max(self._kv_tokens, 0) // cfg.block_size)
+        return float(min(1.0, used_blocks / cfg.gpu_blocks))
+
+    def take_prefix_cache_stats(self) -> dict[str, Any] | None:
+        """The prefix-cache stats since the last call (None with prefix caching off)."""
+        if not self.config.enable_prefix_caching:
+            return None
+        stats: dict[str, Any] = {
+            "reset": self._pc_reset, "requests": self._pc_requests,
+            "queries": self._pc_queries, "hits": self._pc_hits,
+            "preempted_requests": 0, "preempted_queries": 0, "preempted_hits": 0,
+            "hits_by_source": {},
+        }
+        self._pc_reset = False
+        self._pc_requests = self._pc_queries = self._pc_hits = 0
+        return stats

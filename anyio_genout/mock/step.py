@@ -1,14 +1,17 @@
 """One step of the mock engine: a token for every running request, packed into output rows.
 
-:class:`Stepper` is the layer of :class:`~.engine.MockEngine` above
-:class:`~.scheduler.Scheduler`. A step admits waiting requests (or, injected, preempts
-one), generates one token per running request (1 to 1+k with speculative decoding, plus the
-outputs owed after an abort under ``late_outputs_after_abort``), retires finished requests,
-and sends one ``EngineCoreOutputs`` per client, the scheduler stats on the first.
+:class:`Stepper` is the part of :class:`~.engine.MockEngine` that steps; it is given the
+engine's :class:`~.scheduler.Scheduler` and :class:`~.wire.OutputWriter` and uses their
+public methods (and, in the hot loop, the scheduler's ``running`` list). A step admits
+waiting requests (or, injected, preempts one), generates one token per running request (1
+to 1+k with speculative decoding, plus the outputs owed after an abort under
+``late_outputs_after_abort``), hands finished requests back to the scheduler, and sends one
+``EngineCoreOutputs`` per client, the scheduler stats on the first.
 
-``_generate`` is the hot loop: a plain row is appended as three pre-packed parts (see
-:mod:`.wire`); only rows with logprobs, events, prefill stats or a finish are packed whole,
-by ``_row``. Tokens come from :mod:`.tokens`, ``_CHUNK`` at a time per request.
+``_generate`` is the hot loop (it caches what it reads in locals): a plain row is appended
+as three pre-packed parts (see :mod:`.wire`); only rows with logprobs, events, prefill stats
+or a finish are packed whole, by ``_row``. Tokens come from :mod:`.tokens`, ``_CHUNK`` at a
+time per request.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .config import MockEngineConfig
 from .request import Request, check_stop, set_plain
 from .scheduler import Pause, Scheduler
 from .tokens import fake_logprobs, fake_prompt_logprobs, generate
-from .wire import array_header, pack
+from .wire import OutputWriter, array_header, pack
 
 __all__ = ["Stepper"]
 
@@ -30,64 +33,68 @@ __all__ = ["Stepper"]
 _CHUNK: Final = 256
 
 
-class Stepper(Scheduler):
-    """The step (the layer of :class:`~.engine.MockEngine` above the scheduler)."""
+class Stepper:
+    """The step (the stepping part of :class:`~.engine.MockEngine`).
 
-    def __init__(self, config: MockEngineConfig) -> None:
-        super().__init__(config)
+    ``steps`` counts the steps run; ``last_stats`` is the last ``SchedulerStats`` sent.
+    """
+
+    def __init__(self, config: MockEngineConfig, scheduler: Scheduler,
+                 writer: OutputWriter) -> None:
+        self.config = config
         self.steps = 0
         self.last_stats: SchedulerStats | None = None
         self._spec_drafts = self._spec_accepted = 0
         self._spec_accepted_pos: list[int] = [0] * config.num_speculative_tokens
+        self._scheduler = scheduler
+        self._writer = writer
+        self._tokb = writer.token_bytes
 
     # ------------------------------------------------------------------ the step
 
-    def _step(self) -> None:
+    def step(self) -> None:
+        """Run one step and send its outputs (the writer may queue them: see
+        :attr:`~.wire.OutputWriter.blocked`)."""
         cfg = self.config
+        sched = self._scheduler
+        writer = self._writer
         now = time.monotonic()
         self.steps += 1
-        self._flush_stats = False
+        sched.owes_stats = False
         preempt_every = cfg.faults.preempt_every
-        if preempt_every is not None and self.steps % preempt_every == 0 and self._running:
-            self._preempt(self._running[-1], now)  # the scheduler admits nobody this step
-        elif self._pause is Pause.UNPAUSED:
-            self._admit(now)
-            if self.dead:
+        if preempt_every is not None and self.steps % preempt_every == 0 and sched.running:
+            sched.preempt_last(now)  # the scheduler admits nobody this step
+        elif sched.pause is Pause.UNPAUSED:
+            sched.admit(now)
+            if writer.dead:
                 return
         # Per client: packed rows, three parts per row (row bytes may be split in three).
-        rows: list[list[bytes]] = [[] for _ in self._outputs]
+        rows: list[list[bytes]] = [[] for _ in range(writer.num_clients)]
         aux: dict[int, list[bytes | memoryview]] = {}
         finished: list[Request] = []
         if cfg.num_speculative_tokens:
             emitted = self._generate_spec(rows, aux, finished, now)
         else:
             emitted = self._generate(rows, aux, finished, now)
-        if self._zombies:
+        if sched.zombies:
             self._generate_late(rows)
-        self._kv_tokens += emitted
-        if finished:
-            for r in finished:
-                del self._requests[r.rid]
-                self._kv_tokens -= len(r.prompt) + r.num_out
-            self._running = [r for r in self._running if r.alive]
-            if cfg.log_stats:
-                self._flush_stats = True
-        stats = self._stats_bytes() if cfg.log_stats else b"\xc0"
+        sched.account(emitted, finished)
+        stats = self.stats_bytes() if cfg.log_stats else b"\xc0"
         sent = False
+        send_message = writer.send_message
         for client, parts in enumerate(rows):
             if parts:
-                self._send_message(client, parts, stats, weight_version=True,
-                                   aux=aux.get(client))
+                send_message(client, parts, stats, weight_version=True, aux=aux.get(client))
                 stats = b"\xc0"  # vLLM attaches the stats to the first client's message
                 sent = True
         if not sent and cfg.log_stats:
-            self._send_message(0, [], stats, weight_version=True)
+            send_message(0, [], stats, weight_version=True)
 
     def _generate(self, rows: list[list[bytes]], aux: dict[int, list[bytes | memoryview]],
                   finished: list[Request], now: float) -> int:
         """One token per running request: the hot loop."""
         tokb = self._tokb
-        running = self._running
+        running = self._scheduler.running
         for r in running:
             n = r.num_out
             if n < r.fast_end:
@@ -115,7 +122,7 @@ class Stepper(Scheduler):
         tokb = self._tokb
         emitted = 0
         accepted_pos = self._spec_accepted_pos
-        for r in self._running:
+        for r in self._scheduler.running:
             n = r.num_out
             if n + k + 1 > r.buf_end:
                 self._refill(r, k + 1)
@@ -149,14 +156,15 @@ class Stepper(Scheduler):
     def _generate_late(self, rows: list[list[bytes]]) -> None:
         """Outputs owed for aborted requests (``late_outputs_after_abort``)."""
         tokb = self._tokb
-        for r in self._zombies:
+        sched = self._scheduler
+        for r in sched.zombies:
             if r.num_out >= r.buf_end:
                 self._refill(r, 1)
             tok = r.buf[r.num_out - r.buf_start]
             r.num_out += 1
             r.late -= 1
             rows[r.client].extend((r.prefix, tokb[tok], r.mid))
-        self._zombies = [r for r in self._zombies if r.late > 0]
+        sched.settle_late()
 
     def _refill(self, r: Request, need: int) -> None:
         cfg = self.config
@@ -205,22 +213,14 @@ class Stepper(Scheduler):
 
     # ------------------------------------------------------------------ stats
 
-    def _stats_bytes(self) -> bytes:
+    def stats_bytes(self) -> bytes:
+        """The packed ``SchedulerStats`` of now (sets ``last_stats``; resets the counters)."""
         cfg = self.config
-        num_running = len(self._running)  # purged: only live requests remain
-        num_waiting = len(self._waiting)
-        used_blocks = -(-max(self._kv_tokens, 0) // cfg.block_size)
-        usage = min(1.0, used_blocks / cfg.gpu_blocks)
-        prefix_cache: dict[str, Any] | None = None
-        if cfg.enable_prefix_caching:
-            prefix_cache = {
-                "reset": self._pc_reset, "requests": self._pc_requests,
-                "queries": self._pc_queries, "hits": self._pc_hits,
-                "preempted_requests": 0, "preempted_queries": 0, "preempted_hits": 0,
-                "hits_by_source": {},
-            }
-            self._pc_reset = False
-            self._pc_requests = self._pc_queries = self._pc_hits = 0
+        sched = self._scheduler
+        num_running = len(sched.running)  # purged: only live requests remain
+        num_waiting = len(sched.waiting)
+        usage = sched.kv_cache_usage()
+        prefix_cache = sched.take_prefix_cache_stats()
         spec = None
         if cfg.num_speculative_tokens:
             k = cfg.num_speculative_tokens

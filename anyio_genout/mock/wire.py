@@ -3,15 +3,17 @@
 Plain decode rows never go through msgpack. Such a row is three byte strings: the request's
 pre-packed ``prefix`` (row header and request id), its new token ids (for one token, an
 entry of :func:`token_table`) and the request's pre-packed ``mid`` (the remaining fields).
-:meth:`OutputWriter._send_message` joins a client's row parts between a pre-packed message
+:meth:`OutputWriter.send_message` joins a client's row parts between a pre-packed message
 head and the trailing fields into one ``EngineCoreOutputs`` frame. A row that needs more
 (logprobs, events, prefill stats, a finish) is packed whole by the step and passed as one
 part plus two empty ones.
 
-:class:`OutputWriter` is the bottom layer of :class:`~.engine.MockEngine`: it owns the output
-sockets and the pre-packed pieces, sends without waiting (queueing, in order, behind a
-blocked socket), tracks final messages so closing can linger until they left, and sends
-utility replies, finish-only messages and ``ENGINE_CORE_DEAD``.
+:class:`OutputWriter` is the part of :class:`~.engine.MockEngine` that writes: it owns the
+output sockets, the pre-packed pieces and the weight version every step's message carries,
+sends without waiting (queueing, in order, behind a blocked socket), tracks final messages
+so closing can linger until they left, and sends utility replies, finish-only messages and
+``ENGINE_CORE_DEAD``. It also keeps the engine's ``errors`` and its death, which every other
+part reports to it. It knows nothing of requests or steps.
 """
 
 from __future__ import annotations
@@ -58,28 +60,62 @@ def token_table(vocab_size: int) -> tuple[bytes, ...]:
 
 
 class OutputWriter:
-    """Output sockets and messages (the bottom layer of :class:`~.engine.MockEngine`)."""
+    """Output sockets and messages (the writing part of :class:`~.engine.MockEngine`).
+
+    ``row_header`` (a row's array header), ``tail_fields`` (fields 14.. of a plain row) and
+    ``token_bytes`` (:func:`token_table`) are the pre-packed pieces rows are built from.
+    """
 
     def __init__(self, config: MockEngineConfig) -> None:
         self.config = config
         self.errors: list[str] = []
         self.dead = False
         self.death_reason: str | None = None  # why it sent ENGINE_CORE_DEAD
-        self._weight_version = _DEFAULT_WEIGHT_VERSION  # set by EngineCoreProc, with its bytes
+        self._weight_version = _DEFAULT_WEIGHT_VERSION
         self._weight_version_bytes = pack(_DEFAULT_WEIGHT_VERSION)
 
         fields = config.output_fields
-        self._row_header = array_header(fields)
+        self.row_header: Final = array_header(fields)
+        self.tail_fields: Final = b"\xc0" * (fields - 14)
+        self.token_bytes: Final = token_table(config.vocab_size)
         self._msg_head = b"\x99" + pack(config.rank)
-        self._tail_fields = b"\xc0" * (fields - 14)  # fields 14.. of a plain row
-        self._tokb = token_table(config.vocab_size)
         self._outputs: list[ZmqSocket] = []
         self._trackers: list[zmq.MessageTracker] = []
         self._blocked: list[tuple[ZmqSocket, list[bytes | memoryview]]] = []
 
+    # ------------------------------------------------------------------ state
+
+    @property
+    def num_clients(self) -> int:
+        """Output sockets (one per client)."""
+        return len(self._outputs)
+
+    @property
+    def blocked(self) -> bool:
+        """Messages wait behind a full socket: :meth:`send_blocked` must run."""
+        return bool(self._blocked)
+
+    @property
+    def weight_version(self) -> str:
+        return self._weight_version
+
+    def set_weight_version(self, version: str) -> None:
+        """The version every later step's message carries."""
+        self._weight_version = version
+        self._weight_version_bytes = pack(version)
+
+    def add_output(self, sock: ZmqSocket) -> None:
+        """Adopt ``sock`` as the next client's output socket (closed by :meth:`close`)."""
+        self._outputs.append(sock)
+
+    def close(self) -> None:
+        """Close the output sockets."""
+        for sock in self._outputs:
+            sock.close()
+
     # ------------------------------------------------------------------ messages
 
-    def _send_message(self, client: int, rows: list[bytes], stats: bytes, *,
+    def send_message(self, client: int, rows: list[bytes], stats: bytes, *,
                       weight_version: bool,
                       aux: list[bytes | memoryview] | None = None) -> None:
         """Assemble ``EngineCoreOutputs`` from row parts (three per row) and send it."""
@@ -93,7 +129,7 @@ class OutputWriter:
             frames.extend(aux[1:])
         self._send(self._outputs[client], frames)
 
-    def _send_utility(self, client: int, call_id: int, failure: str | None,
+    def send_utility(self, client: int, call_id: int, failure: str | None,
                       result: object) -> None:
         wrapped = None if failure is not None else [None, result]
         message = [self.config.rank, [], None, time.monotonic(), [call_id, failure, wrapped],
@@ -106,7 +142,7 @@ class OutputWriter:
                              None, None, None, None])
         self._send(self._outputs[client], [payload])
 
-    def _send_finish_outputs(self, client: int, requests: list[tuple[str, dict[str, str] | None]],
+    def send_finish_outputs(self, client: int, requests: list[tuple[str, dict[str, str] | None]],
                              reason: int, *, tracked: bool = False) -> None:
         """Rows with no tokens and ``reason`` plus ``finished_requests`` (no stats)."""
         fields = self.config.output_fields
@@ -123,7 +159,12 @@ class OutputWriter:
         else:
             self._send(self._outputs[client], frames)
 
-    def _die(self, reason: str) -> None:
+    def send_to_all(self, frames: list[bytes | memoryview]) -> None:
+        """Send ``frames`` on every output socket (in order behind blocked messages)."""
+        for out in self._outputs:
+            self._send(out, frames)
+
+    def die(self, reason: str) -> None:
         """Send ENGINE_CORE_DEAD on every output socket; the loop then stops."""
         if self.dead:
             return
@@ -139,7 +180,8 @@ class OutputWriter:
         if self._blocked or not sock.send_nowait(frames):
             self._blocked.append((sock, frames))  # keep order: later sends queue behind
 
-    async def _send_blocked(self) -> None:
+    async def send_blocked(self) -> None:
+        """Send the messages queued behind a full socket, in order."""
         blocked, self._blocked = self._blocked, []
         for sock, frames in blocked:
             await sock.send(frames)
@@ -162,7 +204,7 @@ class OutputWriter:
         if tracker is not None:
             self._trackers.append(tracker)
 
-    async def _flush_tracked(self) -> None:
+    async def flush_tracked(self) -> None:
         """Wait (at most ``linger`` seconds) until tracked final messages were sent."""
         with anyio.move_on_after(self.config.linger):
             for tracker in self._trackers:

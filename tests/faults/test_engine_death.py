@@ -302,7 +302,7 @@ async def test_the_command_lines_embedded_mock_says_why_it_died() -> None:
     session = ClientSession(args, quiet=True)
     async with session as client, \
             client.generate(generate_request("g", max_tokens=100_000)) as stream:
-        session.mock_engines[0]._die("AssertionError: the disk is on fire")
+        session.mock_engines[0].die("AssertionError: the disk is on fire")
         with anyio.fail_after(5):
             _, error = await drain(stream)
     assert isinstance(error, EngineDeadError)
