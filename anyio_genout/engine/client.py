@@ -10,15 +10,8 @@ Task layout (one client-level task group, started in :meth:`EngineCoreClient.con
 * the **input drain**, which reads and discards anything sent *to* the input socket after
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
-* the **connection watchers**, which follow the output and input sockets' connections
-  (their ZeroMQ monitors) and, when one closes, have the **prober** ask every engine a
-  cheap utility call: an engine that neither comes back nor answers within
-  ``disconnect_grace`` is dead (killed, host gone, network cut: heartbeats close an input
-  connection that went quiet); if all answer but a connection came back, messages on it
-  may be lost (ZeroMQ drops a message over ``max_message_size`` together with its
-  connection), which fails open work;
-* the **liveness** task (on by default), which pings every engine with a utility call and
-  finds an engine that is connected but hung or deaf.
+* the **connection watchers**, the **prober** and the **liveness** task, which find an
+  engine that vanished or hung (:mod:`.watchers`).
 
 Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
 never blocks towards a connected engine), so request scopes never await while sending and
@@ -27,11 +20,10 @@ the order of ADD and ABORT frames is exactly program order.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -39,7 +31,6 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 import attrs
-import zmq
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import (
@@ -48,7 +39,6 @@ from ..errors import (
     GenoutError,
     OperationalError,
     ProtocolError,
-    UtilityCallError,
 )
 from ..protocol import (
     DpControl,
@@ -63,16 +53,17 @@ from ..protocol import (
     decode_batch_or_other,
     encode_abort,
     encode_add,
-    encode_utility,
     engine_identity,
 )
-from ..transport import MonitorEvent, TransportError, ZmqSocket, new_context
+from ..transport import TransportError, ZmqSocket, new_context
 from .config import EngineCoreClientConfig
 from .handshake import BoundSockets, bind_sockets, keyboard_interrupt_in, run_handshake
 from .outbox import Outbox
-from .registry import RequestRegistry, UtilityWaiter
+from .registry import RequestRegistry
 from .stream import EngineCoreOutputStream, _CallScope
 from .utility import UtilityCalls
+from .utility_calls import PendingCalls, copy_error
+from .watchers import EngineWatch
 
 __all__ = ["EngineCoreClient"]
 
@@ -90,10 +81,6 @@ MAX_READ_BATCH: Final = 16
 _BURST: Final = 2
 #: Unexpected input-socket messages logged one by one; later ones are only counted.
 MAX_INPUT_JUNK_LOGGED: Final = 10
-
-_HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 T = TypeVar("T")
 StatsListener = Callable[[int, SchedulerStats], None]
@@ -122,9 +109,9 @@ class EngineCoreClient(UtilityCalls):
         self._ranks = list(self._ready)
         self._identities = {rank: engine_identity(rank) for rank in self._ranks}
         self._registry = RequestRegistry(self._ranks)
-        self._utility_ids = itertools.count(1)
-        self._utility_waiters: dict[int, UtilityWaiter] = {}
         self._error: OperationalError | None = None
+        self._calls = PendingCalls(config.client_index, self._send_input,
+                                   self._raise_if_unhealthy)
         self._abort_send: MemoryObjectSendStream[tuple[str, int]]
         self._abort_receive: MemoryObjectReceiveStream[tuple[str, int]]
         self._abort_send, self._abort_receive = anyio.create_memory_object_stream[
@@ -134,17 +121,12 @@ class EngineCoreClient(UtilityCalls):
         self._max_model_len = min(r.max_model_len for r in self._ready.values())
         self._aborts_sent = 0
         self._input_junk = 0
-        self._output_disconnects = 0
-        # The sockets' connections, as their monitors report them, and the latest unjudged
-        # drop of one.
-        self._links = {"output": _Connections(), "input": _Connections()}
-        self._monitors: dict[str, ZmqSocket] = {}
-        self._drop: _Drop | None = None
-        self._probing: _Drop | None = None  # the drop being judged
-        self._drop_seen = anyio.Event()  # set by the watchers, for the prober
-        self._input_connected = anyio.Event()  # set (and replaced) on every new connection
-        self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
-        self._internal_calls: set[int] = set()  # call ids of the client's own probes
+        monitors = {"output": sockets.output_monitor, "input": sockets.input_monitor}
+        self._watch = EngineWatch(
+            config, self._ranks,
+            {name: monitor for name, monitor in monitors.items() if monitor is not None},
+            self._calls, self.fail, lambda: self._error is None,
+            lambda: len(self._registry.requests))
         self._death_explainers: list[DeathExplainer] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -221,13 +203,13 @@ class EngineCoreClient(UtilityCalls):
 
     @property
     def pending_utility_calls(self) -> int:
-        return len(self._utility_waiters)
+        return len(self._calls)
 
     @property
     def output_disconnects(self) -> int:
         """Peers (engines, normally) whose connection to the output socket closed after a
         completed ZeroMQ handshake, since the client started binding."""
-        return self._output_disconnects
+        return self._watch.output_disconnects
 
     @property
     def aborts_sent(self) -> int:
@@ -530,202 +512,6 @@ class EngineCoreClient(UtilityCalls):
         except TransportError as exc:
             self.fail(exc)
 
-    async def _watch_output_connections(self, monitor: ZmqSocket) -> None:
-        """Follow the output and input sockets' connections; hand every drop to the prober.
-
-        ZeroMQ reports a peer that disconnects after a completed ZeroMQ handshake, whatever
-        the reason: an engine that exited or was killed, an input connection the heartbeat
-        closed (host gone, network cut), or a message over ``max_message_size``, which
-        ZeroMQ drops *together with the connection* and reports nothing else about. Port
-        scanners (whose ZeroMQ handshake fails) are not reported.
-        """
-        self._monitors["output"] = monitor
-        if self._sockets.input_monitor is not None:
-            self._monitors["input"] = self._sockets.input_monitor
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._prober)
-            if "input" in self._monitors:
-                tg.start_soon(self._watch, "input")
-            await self._watch("output")
-            tg.cancel_scope.cancel()
-
-    async def _watch(self, name: str) -> None:
-        monitor = self._monitors[name]
-        try:
-            while True:
-                self._read_monitors()
-                await monitor.wait_readable()
-        except anyio.ClosedResourceError:
-            pass
-        except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
-            logger.warning("%s-connection watcher stopped: %s", name, exc)
-
-    def _read_monitors(self) -> None:
-        """Apply every queued event of both monitors, then act on the drops among them.
-
-        Never waits: the watchers call it when a monitor signals, and the prober to see the
-        events queued before an engine's answer.
-        """
-        drops: list[tuple[str, str, int]] = []
-        for name, monitor in self._monitors.items():
-            links = self._links[name]
-            while (frames := monitor.receive_nowait()) is not None:
-                event = MonitorEvent.parse(frames)
-                if event is None:
-                    continue
-                kind = links.update(event)
-                if kind == zmq.EVENT_DISCONNECTED:
-                    drops.append((name, event.endpoint, links.events))
-                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and name == "input":
-                    # A message sent to an engine while its input connection was down was
-                    # dropped: the prober asks again.
-                    self._input_connected.set()
-                    self._input_connected = anyio.Event()
-        for name, endpoint, clock in drops:
-            self._on_disconnect(name, endpoint, clock)
-
-    def _on_disconnect(self, name: str, endpoint: str, clock: int) -> None:
-        """A connection to the ``name`` socket closed at that monitor's ``clock``."""
-        if name == "output":
-            self._output_disconnects += 1
-        if self._error is not None:
-            return
-        logger.warning(
-            "a peer's connection to the %s socket %s closed (%d so far); checking that every "
-            "engine is still there (it must answer or reconnect within %g s)",
-            name, endpoint, self._links[name].drops, self._config.disconnect_grace)
-        work = self._open_work()
-        if self._drop is None:
-            clocks = {other: links.events for other, links in self._links.items()}
-            clocks[name] = clock
-            self._drop = _Drop(anyio.current_time(), clocks, work, {name})
-        else:
-            self._drop.work = max(self._drop.work, work)
-            self._drop.sockets.add(name)
-        if self._probing is not None:  # judged next too, but say it in this verdict
-            self._probing.sockets.add(name)
-        self._drop_seen.set()
-
-    def _came_back(self, drop: _Drop) -> bool:
-        """Whether an engine's connection was made again since ``drop`` (every engine has
-        answered the probe): its answer arrived on an output connection accepted after
-        the drop, or an input connection was made since (those carry no answers)."""
-        if self._links["input"].connected_at > drop.clocks["input"]:
-            return True
-        accepted = self._links["output"].accepted
-        for rank in self._ranks:
-            at = accepted.get(self._answered_on.get(rank, -1))
-            if at is None or at > drop.clocks["output"]:
-                return True
-        return False
-
-    def _open_work(self) -> int:
-        """Requests and callers' utility calls in flight (not the client's own probes)."""
-        return len(self._registry.requests) + len(self._utility_waiters) - len(
-            self._internal_calls)
-
-    async def _prober(self) -> None:
-        """Judge every dropped connection (one drop, or a burst, at a time)."""
-        while self._error is None:
-            await self._drop_seen.wait()
-            self._drop_seen = anyio.Event()
-            drop, self._drop = self._drop, None
-            if drop is not None and self._error is None:
-                self._probing = drop
-                try:
-                    await self._probe(drop)
-                finally:
-                    self._probing = None
-
-    async def _probe(self, drop: _Drop) -> None:
-        """Ask every engine ``is_sleeping`` after a connection closed at ``drop.at``.
-
-        * An engine that has not answered when ``disconnect_grace`` is up, while fewer input
-          or output connections are open than there are engines (one did not come back),
-          is dead: :class:`EngineDeadError` naming it.
-        * If every engine still has its connections, one that has not answered yet is slow
-          (a long step), not gone: it gets up to ``liveness_timeout`` to answer.
-        * If every engine answered: had a connection come back (a new ZeroMQ handshake), it
-          was an engine's, which lives, and whatever was sent over the dropped one is lost.
-          Work in flight then fails with :class:`ProtocolError` (it could miss outputs, or
-          never reach the engine, and never finish); with none in flight the drop is only
-          logged. No new handshake: the peer was not an engine (an engine's reply would
-          have needed one).
-        """
-        config = self._config
-        ranks = self._ranks
-        answered: set[int] = set()
-        everyone = anyio.Event()
-        self._answered_on.clear()
-
-        async def ask_once(rank: int, done: anyio.CancelScope) -> None:
-            try:
-                await self._call_utility_on([rank], "is_sleeping", (), internal=True)
-            except UtilityCallError:
-                pass  # an answer all the same
-            except OperationalError:
-                done.cancel()  # the client failed or closed meanwhile
-                return
-            answered.add(rank)
-            if len(answered) == len(ranks):
-                everyone.set()
-            done.cancel()
-
-        async def ask(rank: int) -> None:
-            async with anyio.create_task_group() as calls:
-                while True:
-                    connected = self._input_connected
-                    calls.start_soon(ask_once, rank, calls.cancel_scope)
-                    await connected.wait()  # a new input connection: ask over it too
-
-        def left() -> float:
-            return config.disconnect_grace - (anyio.current_time() - drop.at)
-
-        async with anyio.create_task_group() as tg:
-            for rank in ranks:
-                tg.start_soon(ask, rank)
-            with anyio.move_on_after(left()):
-                await everyone.wait()
-            if not everyone.is_set() and self._error is None:
-                silent = [rank for rank in ranks if rank not in answered]
-                if any(links.live < len(ranks) for links in self._links.values()):
-                    self.fail(EngineDeadError(
-                        _gone_message(silent, drop.sockets, config.disconnect_grace)))
-                else:
-                    with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
-                                             + left()):
-                        await everyone.wait()
-                    silent = [rank for rank in ranks if rank not in answered]
-                    if silent and self._error is None:
-                        self.fail(EngineDeadError(
-                            f"{_engines(silent)}: a connection to the client's "
-                            f"{_sockets(drop.sockets)} closed and "
-                            f"{'it' if len(silent) == 1 else 'they'} did not answer within "
-                            f"{config.liveness_timeout:g} s"))
-            tg.cancel_scope.cancel()
-        if self._error is not None:
-            return
-        # Every engine answered. ZeroMQ reports a new connection before any message flows on
-        # it: an engine whose connection dropped answered over a new one, reported by now.
-        try:
-            self._read_monitors()
-        except (anyio.ClosedResourceError, TransportError):
-            return
-        if not self._came_back(drop):
-            logger.info("the peer that left was not an engine: every engine answered over "
-                        "its own connections")
-        elif drop.work:
-            limit = config.max_message_size
-            self.fail(ProtocolError(
-                f"an engine's connection closed and came back while {drop.work} request(s) "
-                f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
-                f"drops a message larger than max_message_size "
-                f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
-                f"connection, and a network fault closes it too"))
-        else:
-            logger.info("an engine's connection closed and came back with nothing in "
-                        "flight; every engine answered")
-
     def _dispatch(self, frames: list[Any]) -> None:
         try:
             # zmq.Frame has the buffer protocol: the decoder reads the frames in place.
@@ -740,9 +526,11 @@ class EngineCoreClient(UtilityCalls):
             self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
                                  m.finished_requests)
         elif type(message) is UtilityReply:
-            if message.reply.call_id in self._internal_calls:
-                self._note_connection(message.reply.call_id, frames[0])
-            self._dispatch_utility(message)
+            calls = self._calls
+            probed = calls.probe_engine(message.reply.call_id)
+            if probed is not None:
+                self._watch.note_answer(probed, frames[0])
+            calls.resolve(message.reply)
         elif type(message) is EngineDead:
             self.fail(EngineDeadError(self._engine_core_dead_message()))
         else:
@@ -793,26 +581,6 @@ class EngineCoreClient(UtilityCalls):
             for listener in self._stats_listeners:
                 listener(engine, stats)
 
-    def _note_connection(self, call_id: int, frame: Any) -> None:
-        """Which output connection an engine's probe answer came on (its descriptor)."""
-        waiter = self._utility_waiters.get(call_id)
-        if waiter is None:
-            return
-        try:
-            self._answered_on[waiter.engine] = frame.get(zmq.SRCFD)
-        except (AttributeError, zmq.ZMQError):  # not a zmq.Frame: unknown, so "came back"
-            self._answered_on.pop(waiter.engine, None)
-
-    def _dispatch_utility(self, reply: UtilityReply) -> None:
-        output = reply.reply
-        waiter = self._utility_waiters.pop(output.call_id, None)
-        if waiter is None:
-            logger.warning("dropping a reply to unexpected utility call %d", output.call_id)
-            return
-        waiter.failure = output.failure_message
-        waiter.result = output.result
-        waiter.done.set()
-
     # ------------------------------------------------------------------ health
 
     def fail(self, error: OperationalError) -> None:
@@ -831,19 +599,16 @@ class EngineCoreClient(UtilityCalls):
             logger.error("engine-core client is unhealthy: %s", error)
         requests = self._registry.requests
         for entry in list(requests.values()):
-            entry.box.put_error(_copy_error(error))
+            entry.box.put_error(copy_error(error))
             entry.box.close()
         for rid in list(requests):
             self._registry.remove(rid)
-        for waiter in self._utility_waiters.values():
-            waiter.error = error
-            waiter.done.set()
-        self._utility_waiters.clear()
+        self._calls.fail(error)
         self._pending_aborts.clear()
 
     def _raise_if_unhealthy(self) -> None:
         if self._error is not None:
-            raise _copy_error(self._error)
+            raise copy_error(self._error)
 
     # ------------------------------------------------------------------ utility calls
 
@@ -854,146 +619,8 @@ class EngineCoreClient(UtilityCalls):
         :class:`~anyio_genout.UtilityCallError` after all have answered. Cancelling the
         caller unregisters its waiters.
         """
-        return await self._call_utility_on(self._ranks, method, args)
+        return await self._calls.call(self._ranks, method, args)
 
-    async def _call_utility_on(self, ranks: Sequence[int], method: str,
-                               args: Sequence[Any], *, internal: bool = False) -> list[Any]:
-        """``internal``: the client's own probe, not counted as work in flight."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        self._raise_if_unhealthy()
-        waiters: dict[int, UtilityWaiter] = {}
-        try:
-            for rank in ranks:
-                call_id = next(self._utility_ids)
-                waiter = UtilityWaiter(rank)
-                waiters[call_id] = waiter
-                self._utility_waiters[call_id] = waiter
-                if internal:
-                    self._internal_calls.add(call_id)
-                self._send_input(
-                    rank, encode_utility(self._config.client_index, call_id, method, args))
-            for waiter in waiters.values():
-                await waiter.done.wait()
-        finally:
-            for call_id in waiters:
-                self._utility_waiters.pop(call_id, None)
-                self._internal_calls.discard(call_id)
-        results = []
-        failure: str | None = None
-        for waiter in waiters.values():
-            if waiter.error is not None:
-                raise _copy_error(waiter.error)
-            if waiter.failure is not None and failure is None:
-                failure = waiter.failure
-            results.append(waiter.result)
-        if failure is not None:
-            raise UtilityCallError(method, failure)
-        return results
-
-    # ------------------------------------------------------------------ liveness
-
-    async def _liveness(self, interval: float, deadline: float) -> None:
-        while self._error is None:
-            await anyio.sleep(interval)
-            for rank in self._ranks:
-                with anyio.move_on_after(deadline) as scope:
-                    try:
-                        await self._call_utility_on([rank], "is_sleeping", (), internal=True)
-                    except UtilityCallError:
-                        pass
-                    except OperationalError:
-                        return
-                if scope.cancelled_caught:
-                    self.fail(EngineDeadError(
-                        f"engine {rank} did not answer a liveness check within {deadline:g} s"))
-                    return
-
-
-def _engines(ranks: Sequence[int]) -> str:
-    return (f"engine {ranks[0]}" if len(ranks) == 1
-            else f"engines {', '.join(map(str, ranks))}")
-
-
-def _gone_message(ranks: Sequence[int], sockets: Iterable[str], grace: float) -> str:
-    one = len(ranks) == 1
-    return (f"{_engines(ranks)}: {'its' if one else 'a'} connection to the client's "
-            f"{_sockets(sockets)} closed and {'it' if one else 'they'} did not answer or "
-            f"reconnect within {grace:g} s (process killed, host gone or network cut)")
-
-
-def _sockets(names: Iterable[str]) -> str:
-    names = sorted(names)
-    return f"{' and '.join(names)} socket{'s' if len(names) > 1 else ''}"
-
-
-class _Connections:
-    """One socket's connections, from its monitor's events.
-
-    Monitor events carry no peer address: an ACCEPTED event gives the connection's
-    descriptor, the handshake events that follow give none, so they are matched in order.
-    """
-
-    __slots__ = ("accepted", "connected_at", "drops", "events", "failed", "live", "pending")
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []  # accepted, ZeroMQ handshake not yet done (oldest first)
-        self.failed: set[int] = set()  # the handshake failed (a port scan): not reported
-        self.live = 0  # connections with a completed handshake, still open
-        self.drops = 0  # connections with a completed handshake that closed
-        self.events = 0  # events applied so far: a clock for ``accepted``
-        self.accepted: dict[int, int] = {}  # open connection's descriptor -> ``events`` then
-        self.connected_at = 0  # ``events`` at the latest completed handshake
-
-    def update(self, event: MonitorEvent) -> int:
-        """Apply ``event``; returns ``zmq.EVENT_HANDSHAKE_SUCCEEDED`` for a new connection,
-        ``zmq.EVENT_DISCONNECTED`` when one that had completed its handshake closed, else
-        0."""
-        kind = event.event
-        self.events += 1
-        if kind == zmq.EVENT_ACCEPTED:
-            self.pending.append(event.value)
-            self.accepted[event.value] = self.events
-        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self.pending:
-                self.pending.pop(0)
-            self.connected_at = self.events
-            self.live += 1
-            return kind
-        elif kind & _HANDSHAKE_FAILED:
-            if self.pending:
-                self.failed.add(self.pending.pop(0))
-        elif kind == zmq.EVENT_DISCONNECTED:
-            fd = event.value
-            self.accepted.pop(fd, None)
-            if fd in self.failed:
-                self.failed.discard(fd)
-            elif fd in self.pending:
-                self.pending.remove(fd)
-            else:
-                self.live = max(0, self.live - 1)
-                self.drops += 1
-                return kind
-        return 0
-
-
-@attrs.define
-class _Drop:
-    """Connections that closed and wait for the prober's verdict."""
-
-    at: float  # when the first closed
-    clocks: dict[str, int]  # each socket's connection-event clock then
-    work: int  # requests and callers' utility calls in flight then
-    sockets: set[str]  # which sockets' connections closed ("input", "output")
-
-
-def _copy_error(error: BaseException) -> BaseException:
-    """A fresh instance of a sticky error, so raising it again does not grow one traceback."""
-    try:
-        copy = type(error)(str(error))
-    except Exception:
-        return error
-    copy.__cause__ = error
-    return copy
 
 
 class _Capture:
@@ -1039,9 +666,9 @@ class _Connection:
                 tg.start_soon(client._abort_worker)
                 tg.start_soon(client._drain_input)
                 if sockets.output_monitor is not None:
-                    tg.start_soon(client._watch_output_connections, sockets.output_monitor)
+                    tg.start_soon(client._watch.watch_connections)
                 if self._config.liveness_interval is not None:
-                    tg.start_soon(client._liveness, self._config.liveness_interval,
+                    tg.start_soon(client._watch.liveness, self._config.liveness_interval,
                                   self._config.liveness_timeout)
             except BaseException:
                 tg.cancel_scope.cancel()

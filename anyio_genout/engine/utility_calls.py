@@ -1,0 +1,124 @@
+"""Utility calls in flight: sending one to each engine, and pairing each reply with its caller.
+
+The engine client owns one :class:`PendingCalls`; the reader hands it every reply
+(:meth:`PendingCalls.resolve`), the client's failure path fails every waiting call
+(:meth:`PendingCalls.fail`). Synchronous book-keeping plus the one wait in :meth:`call`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import UtilityCallError
+from ..protocol import UtilityOutput, encode_utility
+from .registry import UtilityWaiter
+
+__all__ = ["PendingCalls", "copy_error"]
+
+logger = logging.getLogger("anyio_genout.engine")
+
+
+def copy_error(error: BaseException) -> BaseException:
+    """A fresh instance of a sticky error, so raising it again does not grow one traceback."""
+    try:
+        copy = type(error)(str(error))
+    except Exception:
+        return error
+    copy.__cause__ = error
+    return copy
+
+
+class PendingCalls:
+    """Each engine's pending replies, by call id; the client's own probes kept apart."""
+
+    __slots__ = ("_check_healthy", "_client_index", "_ids", "_internal", "_send", "_waiters")
+
+    def __init__(self, client_index: int, send: Callable[[int, list[bytes]], None],
+                 check_healthy: Callable[[], None]) -> None:
+        """``send(rank, frames)`` queues a message for an engine; ``check_healthy()`` raises
+        the client's sticky error."""
+        self._client_index = client_index
+        self._send = send
+        self._check_healthy = check_healthy
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, UtilityWaiter] = {}
+        self._internal: set[int] = set()  # call ids of the client's own probes
+
+    def __len__(self) -> int:
+        """Replies still awaited (the client's own probes included)."""
+        return len(self._waiters)
+
+    @property
+    def callers(self) -> int:
+        """Replies still awaited by callers (not by the client's own probes)."""
+        return len(self._waiters) - len(self._internal)
+
+    async def call(self, ranks: Sequence[int], method: str, args: Sequence[Any], *,
+                   internal: bool = False) -> list[Any]:
+        """Call ``method(*args)`` on each of ``ranks``; the results in that order.
+
+        ``internal``: the client's own probe, not counted as work in flight. Raises the
+        client's sticky error (before sending, or when it fails meanwhile),
+        :class:`~anyio_genout.UtilityCallError` once every engine answered if one answered
+        with a failure, and :class:`~anyio_genout.TransportError` if sending failed.
+        Cancelling the caller unregisters its waiters.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._check_healthy()
+        waiters: dict[int, UtilityWaiter] = {}
+        try:
+            for rank in ranks:
+                call_id = next(self._ids)
+                waiter = UtilityWaiter(rank)
+                waiters[call_id] = waiter
+                self._waiters[call_id] = waiter
+                if internal:
+                    self._internal.add(call_id)
+                self._send(rank, encode_utility(self._client_index, call_id, method, args))
+            for waiter in waiters.values():
+                await waiter.done.wait()
+        finally:
+            for call_id in waiters:
+                self._waiters.pop(call_id, None)
+                self._internal.discard(call_id)
+        results = []
+        failure: str | None = None
+        for waiter in waiters.values():
+            if waiter.error is not None:
+                raise copy_error(waiter.error)
+            if waiter.failure is not None and failure is None:
+                failure = waiter.failure
+            results.append(waiter.result)
+        if failure is not None:
+            raise UtilityCallError(method, failure)
+        return results
+
+    def probe_engine(self, call_id: int) -> int | None:
+        """The engine a probe of the client's own with this call id waits on, else None."""
+        if call_id not in self._internal:
+            return None
+        waiter = self._waiters.get(call_id)
+        return None if waiter is None else waiter.engine
+
+    def resolve(self, output: UtilityOutput) -> None:
+        """Hand an engine's reply to the call waiting for it (an unexpected one is logged)."""
+        waiter = self._waiters.pop(output.call_id, None)
+        if waiter is None:
+            logger.warning("dropping a reply to unexpected utility call %d", output.call_id)
+            return
+        waiter.failure = output.failure_message
+        waiter.result = output.result
+        waiter.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Every waiting call fails with ``error``."""
+        for waiter in self._waiters.values():
+            waiter.error = error
+            waiter.done.set()
+        self._waiters.clear()

@@ -1,0 +1,365 @@
+"""Finding engines that vanish: the connection watchers, the prober and the liveness check.
+
+* The **connection watchers** follow the output and input sockets' connections (their
+  ZeroMQ monitors) and, when one closes, have the **prober** ask every engine a cheap
+  utility call: an engine that neither comes back nor answers within ``disconnect_grace``
+  is dead (killed, host gone, network cut: heartbeats close an input connection that went
+  quiet); if all answer but a connection came back, messages on it may be lost (ZeroMQ
+  drops a message over ``max_message_size`` together with its connection), which fails
+  open work.
+* The **liveness** task pings every engine with a utility call and finds an engine that is
+  connected but hung or deaf.
+
+Both end by failing the client (the ``fail`` callable it hands over); see
+docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
+
+import anyio
+import attrs
+import zmq
+
+from ..errors import EngineDeadError, OperationalError, ProtocolError, UtilityCallError
+from ..transport import MonitorEvent, TransportError, ZmqSocket
+from .config import EngineCoreClientConfig
+from .utility_calls import PendingCalls
+
+__all__ = ["EngineWatch"]
+
+logger = logging.getLogger("anyio_genout.engine")
+
+_HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class EngineWatch:
+    """The watchers, prober and liveness check of one engine client."""
+
+    def __init__(self, config: EngineCoreClientConfig, ranks: Sequence[int],
+                 monitors: dict[str, ZmqSocket], calls: PendingCalls,
+                 fail: Callable[[OperationalError], None], healthy: Callable[[], bool],
+                 open_requests: Callable[[], int]) -> None:
+        """``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors; ``fail``
+        makes the client unhealthy, ``healthy()`` tells whether it still is,
+        ``open_requests()`` counts its requests in flight."""
+        self._config = config
+        self._ranks = list(ranks)
+        self._monitors = dict(monitors)
+        self._calls = calls
+        self._fail = fail
+        self._healthy = healthy
+        self._open_requests = open_requests
+        self._output_disconnects = 0
+        # The sockets' connections, as their monitors report them, and the latest unjudged
+        # drop of one.
+        self._links = {"output": _Connections(), "input": _Connections()}
+        self._drop: _Drop | None = None
+        self._probing: _Drop | None = None  # the drop being judged
+        self._drop_seen = anyio.Event()  # set by the watchers, for the prober
+        self._input_connected = anyio.Event()  # set (and replaced) on every new connection
+        self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
+
+    @property
+    def output_disconnects(self) -> int:
+        """Connections to the output socket that closed after a completed handshake."""
+        return self._output_disconnects
+
+    def note_answer(self, engine: int, frame: Any) -> None:
+        """Which output connection ``engine``'s probe answer came on (its descriptor)."""
+        try:
+            self._answered_on[engine] = frame.get(zmq.SRCFD)
+        except (AttributeError, zmq.ZMQError):  # not a zmq.Frame: unknown, so "came back"
+            self._answered_on.pop(engine, None)
+
+    def _open_work(self) -> int:
+        """Requests and callers' utility calls in flight (not the client's own probes)."""
+        return self._open_requests() + self._calls.callers
+
+    async def watch_connections(self) -> None:
+        """Follow the output and input sockets' connections; hand every drop to the prober.
+
+        ZeroMQ reports a peer that disconnects after a completed ZeroMQ handshake, whatever
+        the reason: an engine that exited or was killed, an input connection the heartbeat
+        closed (host gone, network cut), or a message over ``max_message_size``, which
+        ZeroMQ drops *together with the connection* and reports nothing else about. Port
+        scanners (whose ZeroMQ handshake fails) are not reported.
+        """
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._prober)
+            if "input" in self._monitors:
+                tg.start_soon(self._watch, "input")
+            await self._watch("output")
+            tg.cancel_scope.cancel()
+
+    async def _watch(self, name: str) -> None:
+        monitor = self._monitors[name]
+        try:
+            while True:
+                self._read_monitors()
+                await monitor.wait_readable()
+        except anyio.ClosedResourceError:
+            pass
+        except TransportError as exc:  # pragma: no cover - an inproc PAIR does not fail
+            logger.warning("%s-connection watcher stopped: %s", name, exc)
+
+    def _read_monitors(self) -> None:
+        """Apply every queued event of both monitors, then act on the drops among them.
+
+        Never waits: the watchers call it when a monitor signals, and the prober to see the
+        events queued before an engine's answer.
+        """
+        drops: list[tuple[str, str, int]] = []
+        for name, monitor in self._monitors.items():
+            links = self._links[name]
+            while (frames := monitor.receive_nowait()) is not None:
+                event = MonitorEvent.parse(frames)
+                if event is None:
+                    continue
+                kind = links.update(event)
+                if kind == zmq.EVENT_DISCONNECTED:
+                    drops.append((name, event.endpoint, links.events))
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and name == "input":
+                    # A message sent to an engine while its input connection was down was
+                    # dropped: the prober asks again.
+                    self._input_connected.set()
+                    self._input_connected = anyio.Event()
+        for name, endpoint, clock in drops:
+            self._on_disconnect(name, endpoint, clock)
+
+    def _on_disconnect(self, name: str, endpoint: str, clock: int) -> None:
+        """A connection to the ``name`` socket closed at that monitor's ``clock``."""
+        if name == "output":
+            self._output_disconnects += 1
+        if not self._healthy():
+            return
+        logger.warning(
+            "a peer's connection to the %s socket %s closed (%d so far); checking that every "
+            "engine is still there (it must answer or reconnect within %g s)",
+            name, endpoint, self._links[name].drops, self._config.disconnect_grace)
+        work = self._open_work()
+        if self._drop is None:
+            clocks = {other: links.events for other, links in self._links.items()}
+            clocks[name] = clock
+            self._drop = _Drop(anyio.current_time(), clocks, work, {name})
+        else:
+            self._drop.work = max(self._drop.work, work)
+            self._drop.sockets.add(name)
+        if self._probing is not None:  # judged next too, but say it in this verdict
+            self._probing.sockets.add(name)
+        self._drop_seen.set()
+
+    def _came_back(self, drop: _Drop) -> bool:
+        """Whether an engine's connection was made again since ``drop`` (every engine has
+        answered the probe): its answer arrived on an output connection accepted after
+        the drop, or an input connection was made since (those carry no answers)."""
+        if self._links["input"].connected_at > drop.clocks["input"]:
+            return True
+        accepted = self._links["output"].accepted
+        for rank in self._ranks:
+            at = accepted.get(self._answered_on.get(rank, -1))
+            if at is None or at > drop.clocks["output"]:
+                return True
+        return False
+
+    async def _prober(self) -> None:
+        """Judge every dropped connection (one drop, or a burst, at a time)."""
+        while self._healthy():
+            await self._drop_seen.wait()
+            self._drop_seen = anyio.Event()
+            drop, self._drop = self._drop, None
+            if drop is not None and self._healthy():
+                self._probing = drop
+                try:
+                    await self._probe(drop)
+                finally:
+                    self._probing = None
+
+    async def _probe(self, drop: _Drop) -> None:
+        """Ask every engine ``is_sleeping`` after a connection closed at ``drop.at``.
+
+        * An engine that has not answered when ``disconnect_grace`` is up, while fewer input
+          or output connections are open than there are engines (one did not come back),
+          is dead: :class:`EngineDeadError` naming it.
+        * If every engine still has its connections, one that has not answered yet is slow
+          (a long step), not gone: it gets up to ``liveness_timeout`` to answer.
+        * If every engine answered: had a connection come back (a new ZeroMQ handshake), it
+          was an engine's, which lives, and whatever was sent over the dropped one is lost.
+          Work in flight then fails with :class:`ProtocolError` (it could miss outputs, or
+          never reach the engine, and never finish); with none in flight the drop is only
+          logged. No new handshake: the peer was not an engine (an engine's reply would
+          have needed one).
+        """
+        config = self._config
+        ranks = self._ranks
+        answered: set[int] = set()
+        everyone = anyio.Event()
+        self._answered_on.clear()
+
+        async def ask_once(rank: int, done: anyio.CancelScope) -> None:
+            try:
+                await self._calls.call([rank], "is_sleeping", (), internal=True)
+            except UtilityCallError:
+                pass  # an answer all the same
+            except OperationalError:
+                done.cancel()  # the client failed or closed meanwhile
+                return
+            answered.add(rank)
+            if len(answered) == len(ranks):
+                everyone.set()
+            done.cancel()
+
+        async def ask(rank: int) -> None:
+            async with anyio.create_task_group() as calls:
+                while True:
+                    connected = self._input_connected
+                    calls.start_soon(ask_once, rank, calls.cancel_scope)
+                    await connected.wait()  # a new input connection: ask over it too
+
+        def left() -> float:
+            return config.disconnect_grace - (anyio.current_time() - drop.at)
+
+        async with anyio.create_task_group() as tg:
+            for rank in ranks:
+                tg.start_soon(ask, rank)
+            with anyio.move_on_after(left()):
+                await everyone.wait()
+            if not everyone.is_set() and self._healthy():
+                silent = [rank for rank in ranks if rank not in answered]
+                if any(links.live < len(ranks) for links in self._links.values()):
+                    self._fail(EngineDeadError(
+                        _gone_message(silent, drop.sockets, config.disconnect_grace)))
+                else:
+                    with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
+                                             + left()):
+                        await everyone.wait()
+                    silent = [rank for rank in ranks if rank not in answered]
+                    if silent and self._healthy():
+                        self._fail(EngineDeadError(
+                            f"{_engines(silent)}: a connection to the client's "
+                            f"{_sockets(drop.sockets)} closed and "
+                            f"{'it' if len(silent) == 1 else 'they'} did not answer within "
+                            f"{config.liveness_timeout:g} s"))
+            tg.cancel_scope.cancel()
+        if not self._healthy():
+            return
+        # Every engine answered. ZeroMQ reports a new connection before any message flows on
+        # it: an engine whose connection dropped answered over a new one, reported by now.
+        try:
+            self._read_monitors()
+        except (anyio.ClosedResourceError, TransportError):
+            return
+        if not self._came_back(drop):
+            logger.info("the peer that left was not an engine: every engine answered over "
+                        "its own connections")
+        elif drop.work:
+            limit = config.max_message_size
+            self._fail(ProtocolError(
+                f"an engine's connection closed and came back while {drop.work} request(s) "
+                f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
+                f"drops a message larger than max_message_size "
+                f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
+                f"connection, and a network fault closes it too"))
+        else:
+            logger.info("an engine's connection closed and came back with nothing in "
+                        "flight; every engine answered")
+
+    async def liveness(self, interval: float, deadline: float) -> None:
+        """Ask every engine a cheap utility call every ``interval`` s; one that does not
+        answer within ``deadline`` s is dead."""
+        while self._healthy():
+            await anyio.sleep(interval)
+            for rank in self._ranks:
+                with anyio.move_on_after(deadline) as scope:
+                    try:
+                        await self._calls.call([rank], "is_sleeping", (), internal=True)
+                    except UtilityCallError:
+                        pass
+                    except OperationalError:
+                        return
+                if scope.cancelled_caught:
+                    self._fail(EngineDeadError(
+                        f"engine {rank} did not answer a liveness check within {deadline:g} s"))
+                    return
+
+
+def _engines(ranks: Sequence[int]) -> str:
+    return (f"engine {ranks[0]}" if len(ranks) == 1
+            else f"engines {', '.join(map(str, ranks))}")
+
+
+def _gone_message(ranks: Sequence[int], sockets: Iterable[str], grace: float) -> str:
+    one = len(ranks) == 1
+    return (f"{_engines(ranks)}: {'its' if one else 'a'} connection to the client's "
+            f"{_sockets(sockets)} closed and {'it' if one else 'they'} did not answer or "
+            f"reconnect within {grace:g} s (process killed, host gone or network cut)")
+
+
+def _sockets(names: Iterable[str]) -> str:
+    names = sorted(names)
+    return f"{' and '.join(names)} socket{'s' if len(names) > 1 else ''}"
+
+
+class _Connections:
+    """One socket's connections, from its monitor's events.
+
+    Monitor events carry no peer address: an ACCEPTED event gives the connection's
+    descriptor, the handshake events that follow give none, so they are matched in order.
+    """
+
+    __slots__ = ("accepted", "connected_at", "drops", "events", "failed", "live", "pending")
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []  # accepted, ZeroMQ handshake not yet done (oldest first)
+        self.failed: set[int] = set()  # the handshake failed (a port scan): not reported
+        self.live = 0  # connections with a completed handshake, still open
+        self.drops = 0  # connections with a completed handshake that closed
+        self.events = 0  # events applied so far: a clock for ``accepted``
+        self.accepted: dict[int, int] = {}  # open connection's descriptor -> ``events`` then
+        self.connected_at = 0  # ``events`` at the latest completed handshake
+
+    def update(self, event: MonitorEvent) -> int:
+        """Apply ``event``; returns ``zmq.EVENT_HANDSHAKE_SUCCEEDED`` for a new connection,
+        ``zmq.EVENT_DISCONNECTED`` when one that had completed its handshake closed, else
+        0."""
+        kind = event.event
+        self.events += 1
+        if kind == zmq.EVENT_ACCEPTED:
+            self.pending.append(event.value)
+            self.accepted[event.value] = self.events
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self.pending:
+                self.pending.pop(0)
+            self.connected_at = self.events
+            self.live += 1
+            return kind
+        elif kind & _HANDSHAKE_FAILED:
+            if self.pending:
+                self.failed.add(self.pending.pop(0))
+        elif kind == zmq.EVENT_DISCONNECTED:
+            fd = event.value
+            self.accepted.pop(fd, None)
+            if fd in self.failed:
+                self.failed.discard(fd)
+            elif fd in self.pending:
+                self.pending.remove(fd)
+            else:
+                self.live = max(0, self.live - 1)
+                self.drops += 1
+                return kind
+        return 0
+
+
+@attrs.define
+class _Drop:
+    """Connections that closed and wait for the prober's verdict."""
+
+    at: float  # when the first closed
+    clocks: dict[str, int]  # each socket's connection-event clock then
+    work: int  # requests and callers' utility calls in flight then
+    sockets: set[str]  # which sockets' connections closed ("input", "output")
