@@ -34,6 +34,8 @@ import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ..protocol import EngineCoreFinishReason, finish_reason_label
+
 __all__ = ["AbortCause", "abort_cause"]
 
 
@@ -49,7 +51,8 @@ class AbortCause(enum.Enum):
     @property
     def finished_reason(self) -> str:
         """The ``finished_reason`` metric label recorded for this cause."""
-        return "abort" if self is AbortCause.DROPPED_STREAM else "stop"
+        return finish_reason_label(EngineCoreFinishReason.ABORT if self is AbortCause.DROPPED_STREAM
+                                   else EngineCoreFinishReason.STOP)
 
 
 _cause: contextvars.ContextVar[AbortCause] = contextvars.ContextVar(

@@ -10,7 +10,13 @@ import attrs
 import numpy as np
 
 from ..errors import IncompleteStreamError, SamplingMaskMismatchError
-from ..protocol import EngineCoreFinishReason, Logprobs, SamplingMask
+from ..protocol import (
+    FINISH_REASON_LABELS,
+    EngineCoreFinishReason,
+    Logprobs,
+    SamplingMask,
+    finish_reason_label,
+)
 
 __all__ = [
     "CollectedGenerateOutput",
@@ -26,11 +32,12 @@ StopReason = int | str | tuple[int, ...]
 
 
 class FinishReasonKind(enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"
-    REPETITION = "repetition"
+    # The values are the protocol's one list of finish-reason strings (vLLM's).
+    STOP = finish_reason_label(EngineCoreFinishReason.STOP)
+    LENGTH = finish_reason_label(EngineCoreFinishReason.LENGTH)
+    ABORT = finish_reason_label(EngineCoreFinishReason.ABORT)
+    ERROR = finish_reason_label(EngineCoreFinishReason.ERROR)
+    REPETITION = finish_reason_label(EngineCoreFinishReason.REPETITION)
 
 
 @attrs.frozen
@@ -82,6 +89,8 @@ class FinishReason:
         return f"{self.kind.value}({self.stop_reason!r})"
 
 
+# One kind per engine finish reason, in the same order: a reason added there fails here.
+assert tuple(kind.value for kind in FinishReasonKind) == FINISH_REASON_LABELS
 _STOP_EOS = FinishReason(FinishReasonKind.STOP)
 FinishReason.STOP = _STOP_EOS
 FinishReason.LENGTH = FinishReason(FinishReasonKind.LENGTH)
