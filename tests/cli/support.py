@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -140,14 +140,6 @@ async def cli_process(*args: str) -> AsyncIterator[tuple[anyio.abc.Process, Outp
                 with anyio.move_on_after(5):
                     await process.wait()
             tg.cancel_scope.deadline = anyio.current_time() + 5
-
-
-async def wait_until(predicate: Callable[[], bool], *, seconds: float,
-                     interval: float = 0.02) -> None:
-    """Poll ``predicate`` until it holds; fails the test after ``seconds``."""
-    with anyio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - the state lives in another process/object
-            await anyio.sleep(interval)
 
 
 def running(process: anyio.abc.Process, output: Output) -> bool:

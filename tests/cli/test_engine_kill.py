@@ -14,6 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.support import wait_until
+
 from .support import (
     BACKEND_PAIRS,
     assert_finished_result,
@@ -23,7 +25,6 @@ from .support import (
     read_results,
     request_line,
     running,
-    wait_until,
     write_lines,
 )
 

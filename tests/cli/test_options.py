@@ -13,8 +13,9 @@ import pytest
 from anyio_genout import EngineCoreClientConfig
 from anyio_genout.cli.main import build_parser
 from anyio_genout.mock import MockFaults
+from tests.support import wait_until
 
-from .support import BACKEND_PAIRS, cli, cli_process, engine_for, free_port, running, wait_until
+from .support import BACKEND_PAIRS, cli, cli_process, engine_for, free_port, running
 
 
 def subcommand(name: str) -> argparse.ArgumentParser:

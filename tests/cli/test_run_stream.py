@@ -18,6 +18,7 @@ from anyio_genout.cli.run_input import BadLine, LineParser, LineReader, scan
 from anyio_genout.cli.run_output import Job
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.transport import free_tcp_address
+from tests.support import wait_until
 
 from .support import (
     BACKEND_PAIRS,
@@ -30,7 +31,6 @@ from .support import (
     read_results,
     request_line,
     running,
-    wait_until,
     write_lines,
 )
 

@@ -6,8 +6,7 @@ handshake stages, which frames to push, and it records every request frame it re
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -40,14 +39,6 @@ free_port = free_tcp_port
 Request = AddRequest | AbortRequest | UtilityRequest
 
 
-
-
-async def wait_until(predicate: Callable[[], bool], interval: float = 0.01) -> None:
-    """Poll ``predicate`` until it holds (wrap in ``anyio.fail_after`` to bound it)."""
-    for _ in itertools.count():
-        if predicate():
-            return
-        await anyio.sleep(interval)
 
 
 def ready_response(rank: int, *, version: str = "0.32.0",

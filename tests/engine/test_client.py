@@ -32,8 +32,9 @@ from anyio_genout.protocol import (
     SchedulerStats,
 )
 from anyio_genout.protocol.arrays import encode_array
+from tests.support import wait_until
 
-from .fake import Cluster, FakeEngine, free_port, wait_until
+from .fake import Cluster, FakeEngine, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -24,7 +24,8 @@ from anyio_genout import (
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.transport import free_tcp_address
-from tests.faults.support import engine_request, generate_request, wait_until
+from tests.faults.support import engine_request, generate_request
+from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 

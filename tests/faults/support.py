@@ -5,7 +5,7 @@ Every helper binds on 127.0.0.1 with ephemeral ports; nothing leaves the machine
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -150,13 +150,6 @@ async def raw_pusher(address: str) -> AsyncIterator[RawPeer]:
         yield peer
     finally:
         peer.close()
-
-
-async def wait_until(predicate: Callable[[], bool], seconds: float = 5.0) -> None:
-    """Poll state that changes between awaits (the engines' and the client's)."""
-    with anyio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - polling other objects' state on purpose
-            await anyio.sleep(0.005)
 
 
 async def drain(stream: Any) -> tuple[list[Any], BaseException | None]:

@@ -20,6 +20,7 @@ from anyio_genout.cli.main import build_parser
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
 from anyio_genout.protocol import ENGINE_CORE_DEAD
 from tests.engine.fake import FakeEngine, free_port
+from tests.support import wait_until
 
 from .support import (
     drain,
@@ -27,7 +28,6 @@ from .support import (
     generate_client,
     generate_request,
     mock_cluster,
-    wait_until,
 )
 
 pytestmark = pytest.mark.anyio

@@ -37,8 +37,9 @@ from anyio_genout.engine.config import DEFAULT_HANDSHAKE_ADDRESS
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import UtilityRequest
 from tests.engine.fake import free_port
+from tests.support import wait_until
 
-from .support import drain, engine_request, generate_request, wait_until
+from .support import drain, engine_request, generate_request
 
 pytestmark = pytest.mark.anyio
 

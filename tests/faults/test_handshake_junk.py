@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from anyio_genout import EngineCoreClient, EngineCoreClientConfig, HandshakeError
 from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
 from tests.engine.fake import FakeEngine, free_port
+from tests.support import wait_until
 
-from .support import RawPeer, wait_until
+from .support import RawPeer
 
 pytestmark = pytest.mark.anyio
 

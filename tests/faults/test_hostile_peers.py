@@ -37,8 +37,9 @@ from anyio_genout import (
 )
 from anyio_genout.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
 from tests.engine.fake import FakeEngine, free_port
+from tests.support import wait_until
 
-from .support import RawPeer, drain, engine_request, mock_cluster, raw_pusher, wait_until
+from .support import RawPeer, drain, engine_request, mock_cluster, raw_pusher
 
 pytestmark = pytest.mark.anyio
 

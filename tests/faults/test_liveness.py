@@ -17,8 +17,9 @@ import pytest
 from anyio_genout import EngineCoreClientConfig, EngineDeadError
 from anyio_genout.mock import MockFaults
 from anyio_genout.protocol import UtilityRequest
+from tests.support import wait_until
 
-from .support import drain, engine_request, mock_cluster, wait_until
+from .support import drain, engine_request, mock_cluster
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,9 @@ import pytest
 
 from anyio_genout import GenerateOutput
 from anyio_genout.mock import MockFaults
+from tests.support import wait_until
 
-from .support import drain, generate_client, generate_request, success_total, wait_until
+from .support import drain, generate_client, generate_request, success_total
 
 pytestmark = pytest.mark.anyio
 

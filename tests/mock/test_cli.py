@@ -28,8 +28,9 @@ from anyio_genout.cli.main import main as console_main
 from anyio_genout.errors import HandshakeTimeoutError
 from anyio_genout.mock import greedy_tokens
 from anyio_genout.mock.cli import build_parser, main
+from tests.support import wait_until
 
-from ..cli.support import Output, cli_process, free_port, wait_until
+from ..cli.support import Output, cli_process, free_port
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from anyio_genout.protocol import (
     UtilityReply,
     decode_outputs,
 )
+from tests.support import wait_until
 
 from .frontend import ADD, UTILITY, pack, running_engine, unpack
 
@@ -34,15 +35,6 @@ def golden(name: str) -> Any:
 
 def greedy(max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"temperature": 0.0, "max_tokens": max_tokens, **extra}
-
-
-async def wait_until(predicate: Any, seconds: float = 5.0) -> None:
-    """Poll the engine's observable state (it changes between awaits)."""
-    with anyio.fail_after(seconds):
-        while True:
-            if predicate():
-                return
-            await anyio.sleep(0.005)
 
 
 # ---------------------------------------------------------------- utility calls

@@ -17,9 +17,9 @@ from anyio_genout.protocol import (
     RequestBatch,
     decode_outputs,
 )
+from tests.support import wait_until
 
 from .frontend import running_engine, unpack
-from .test_control import wait_until
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,24 @@
+"""Helpers shared by every test directory (the per-directory ``support.py`` modules build on
+these)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import anyio
+
+__all__ = ["wait_until"]
+
+#: Seconds between two looks at the polled state.
+_POLL_INTERVAL: Final = 0.005
+
+
+async def wait_until(predicate: Callable[[], object], seconds: float = 5.0) -> None:
+    """Poll ``predicate`` until it is true: for state that another task, another object or
+    another process changes between awaits (a mock engine's counters, a client's flags, a
+    child's output). Every wait has an end: raises :class:`TimeoutError` (failing the test)
+    when the predicate is still false after ``seconds``."""
+    with anyio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - polling other objects' state on purpose
+            await anyio.sleep(_POLL_INTERVAL)
