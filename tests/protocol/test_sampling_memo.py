@@ -11,7 +11,9 @@ from anyio_genout.protocol import SamplingParams
 def test_validation_is_remembered_per_limits() -> None:
     params = SamplingParams(temperature=0.5, stop_token_ids=[900])
     params.validate(vocab_size=1000)
-    params.validate(vocab_size=1000)  # remembered: no error, no work
+    # Behind the frozen instance's back: a check that ran again would now refuse it.
+    object.__setattr__(params, "stop_token_ids", (5000,))
+    params.validate(vocab_size=1000)  # remembered: no error, because no work
     with pytest.raises(InvalidRequestError, match=r"stop_token_ids\[0\]"):
         params.validate(vocab_size=800)  # other limits are checked again
 
