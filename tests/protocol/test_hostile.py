@@ -41,6 +41,7 @@ from anyio_genout.protocol import (
     decode_status,
     encode_outputs,
 )
+from anyio_genout.protocol.requests import REQUEST_FIELDS
 
 from ._golden import Message, find, messages, plain_unpack
 from ._hyp import fuzz_settings
@@ -484,18 +485,70 @@ def _request_cases() -> list[tuple[Message, int]]:
     return cases
 
 
+def _refusal(decode: Callable[[list[bytes]], object], frames: list[bytes]) -> str | None:
+    """None if ``decode`` accepts ``frames``, else its ProtocolError's message."""
+    try:
+        decode(frames)
+    except ProtocolError as exc:
+        return str(exc)
+    return None
+
+
+def _int64(v: Any) -> bool:  # msgspec's int: not a bool, within int64 .. uint64
+    return type(v) is int and -(2**63) <= v <= 2**64 - 1
+
+
+def _str(v: Any) -> bool:
+    return type(v) is str
+
+
+def _or_nil(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+#: What vLLM 0.32's msgspec decoder accepts in EngineCoreRequest's scalar fields (their
+#: types in tests/data/vllm-wire/field-dump.txt): the engine decoder must refuse exactly the
+#: rest, or an engine would take (or choke on) what vLLM refuses.
+_ADD_SCALARS: dict[str, Callable[[Any], bool]] = {
+    "request_id": _str, "arrival_time": lambda v: type(v) is float or _int64(v),
+    "cache_salt": _or_nil(_str), "data_parallel_rank": _or_nil(_int64),
+    "client_index": _int64, "current_wave": _int64, "priority": _int64, "resumable": _bool,
+    "external_req_id": _or_nil(_str), "reasoning_ended": _or_nil(_bool),
+    "abort_immediately": _bool, "session_id": _or_nil(_str),
+}
+
+
 @pytest.mark.parametrize(("m", "index"), _request_cases(),
                          ids=[f"{m.name[:3]}[{i}]" for m, i in _request_cases()])
 def test_wrong_type_in_every_request_field(m: Message, index: int) -> None:
+    is_add = m.frames[1] == b"\x00"
+    kind = {b"\x00": "ADD", b"\x01": "ABORT", b"\x03": "UTILITY"}[m.frames[1]]
     for wrong in _WRONG:
         payload = plain_unpack(m.frames[2])
         payload[index] = wrong
-        _request([m.frames[1], _pack(payload)])
-        if isinstance(payload[3] if len(payload) > 3 else None, dict):
-            for key in list(payload[3]):
-                sampling = dict(payload[3])
-                sampling[key] = wrong
-                _request([m.frames[1], _pack([*payload[:3], sampling, *payload[4:]])])
+        refused = _refusal(decode_request, [m.frames[1], _pack(payload)])
+        if refused is not None:  # a refusal says where: the field, or the message's layout
+            named = REQUEST_FIELDS[index] if is_add else f"{kind} request"
+            assert named in refused or "extension type" in refused, refused
+        field = REQUEST_FIELDS[index] if is_add else None
+        if field in _ADD_SCALARS:
+            assert (refused is None) == _ADD_SCALARS[field](wrong), (field, wrong, refused)
+        elif kind == "ABORT":  # a list of request-id strings
+            assert (refused is None) == _str(wrong), (wrong, refused)
+        sampling = plain_unpack(m.frames[2])
+        if is_add and isinstance(sampling[3], dict):
+            for key in list(sampling[3]):
+                mutated = dict(sampling[3])
+                mutated[key] = wrong
+                refused = _refusal(decode_request, [
+                    m.frames[1], _pack([*sampling[:3], mutated, *sampling[4:]])])
+                if refused is not None:
+                    assert f"sampling_params.{key}" in refused \
+                        or "extension type" in refused, refused
 
 
 def _handshake_cases() -> list[tuple[Message, str]]:
@@ -506,14 +559,33 @@ def _handshake_cases() -> list[tuple[Message, str]]:
     return cases
 
 
+_HANDSHAKE_DECODERS: dict[str, Callable[[bytes], object]] = {
+    "h1": decode_status, "h2": decode_init, "h4": decode_ready_response}
+
+
 @pytest.mark.parametrize(("m", "key"), _handshake_cases(),
                          ids=[f"{m.name[:2]}.{k}" for m, k in _handshake_cases()])
 def test_wrong_type_in_every_handshake_field(m: Message, key: str) -> None:
-    decoder = _decoder_for(m)
+    decode = _HANDSHAKE_DECODERS[m.name[:2]]
+    golden = decode(m.frames[1])
+
+    def check(value: dict[str, Any], what: str) -> None:
+        try:
+            decoded = decode(_pack(value))
+        except (ProtocolError, HandshakeError) as exc:  # refused: the error says where
+            assert key in str(exc) or "extension type" in str(exc) \
+                or "HELLO or READY" in str(exc), (what, str(exc))
+            return
+        # Accepted: a field the decoder keeps has the golden value's type (the others are
+        # fields this client ignores, which may hold anything).
+        if hasattr(golden, key) and getattr(decoded, key) is not None \
+                and getattr(golden, key) is not None:
+            assert type(getattr(decoded, key)) is type(getattr(golden, key)), (what, decoded)
+
     for wrong in _WRONG:
         value = plain_unpack(m.frames[1])
         value[key] = wrong
-        decoder([m.frames[0], _pack(value)])
+        check(value, f"{key}={wrong!r:.40}")
         if isinstance(value.get("addresses"), dict):
             continue
         value = plain_unpack(m.frames[1])
@@ -521,9 +593,10 @@ def test_wrong_type_in_every_handshake_field(m: Message, key: str) -> None:
             for sub in list(value[key]):
                 value = plain_unpack(m.frames[1])
                 value[key][sub] = wrong
-                decoder([m.frames[0], _pack(value)])
-        del value[key]
-        decoder([m.frames[0], _pack(value)])
+                check(value, f"addresses.{sub}={wrong!r:.40}")
+    value = plain_unpack(m.frames[1])
+    del value[key]
+    check(value, f"without {key}")
 
 
 # ------------------------------------------------------------------- explicit errors
