@@ -23,7 +23,7 @@ from ..generate import GenerateRequest
 from .options import sampling_from_mapping
 
 __all__ = ["CHUNK_SIZE", "ID_KEY", "BadLine", "IdFilter", "LineParser", "LineReader", "Scan",
-           "check_all", "in_thread", "line_id", "open_input", "scan", "spool"]
+           "check_all", "in_thread", "line_id", "open_input", "quick_id", "scan", "spool"]
 
 #: Bytes read from the input at a time (one thread hop each).
 CHUNK_SIZE: Final = 1 << 16
@@ -64,6 +64,18 @@ class IdFilter:
 ID_KEY: Final = re.compile(rb'"request_id"\s*:\s*"([^"\\]*)"')
 
 
+def quick_id(line: bytes) -> tuple[bool, str | None]:
+    """``(True, id)`` when :data:`ID_KEY` finds exactly one id in ``line`` (``id`` is None
+    when it is not UTF-8), ``(False, None)`` when the line must be parsed in full."""
+    found = ID_KEY.findall(line)
+    if len(found) != 1:
+        return False, None
+    try:
+        return True, found[0].decode()
+    except UnicodeDecodeError:
+        return True, None
+
+
 def line_id(line: bytes, number: int) -> str | None:
     """The request id of ``line`` as parsing it would find it (None: it has none).
 
@@ -72,12 +84,8 @@ def line_id(line: bytes, number: int) -> str | None:
     """
     if b'"request_id"' not in line:
         return f"line-{number}"
-    found = ID_KEY.findall(line)
-    if len(found) == 1:
-        try:
-            rid: str = found[0].decode()
-        except UnicodeDecodeError:
-            return None
+    found, rid = quick_id(line)
+    if found:
         return rid
     try:
         value = json.loads(line)
@@ -85,8 +93,8 @@ def line_id(line: bytes, number: int) -> str | None:
         return None
     if not isinstance(value, dict):
         return None
-    rid = value.get("request_id", f"line-{number}")
-    return rid if isinstance(rid, str) else None
+    value_id = value.get("request_id", f"line-{number}")
+    return value_id if isinstance(value_id, str) else None
 
 
 class Scan:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GenoutError
-from .run_input import ID_KEY
+from .run_input import quick_id
 
 __all__ = ["DoneIds", "finished_id", "read_done"]
 
@@ -88,12 +88,8 @@ def finished_id(line: bytes) -> str | None:
         return None
     if b'"error"' not in line and line.startswith(b"{") and line.endswith(b"}\n"):
         # As run writes it: one write per line, so a complete line is a whole JSON object.
-        found = ID_KEY.findall(line)
-        if len(found) == 1:
-            try:
-                rid: str = found[0].decode()
-            except UnicodeDecodeError:
-                return None
+        found, rid = quick_id(line)
+        if found:
             return rid
     try:
         value = json.loads(line)
