@@ -1,12 +1,20 @@
 """The exceptions anyio-genout raises: one tree under :class:`GenoutError`.
 
-Two families:
+What a caller can rely on is the class, never where the error came from:
 
 * :class:`UsageError`: the caller asked for something invalid (a bad request, a duplicate
-  id). Nothing was sent; fix the call.
-* :class:`OperationalError`: something outside the caller went wrong (the engine died, a peer
-  sent garbage, the client was closed). The client's health accessors say whether it can still
-  be used.
+  id). Raised before anything is sent; the client is unaffected. Fix the call.
+* :class:`OperationalError`: something outside the caller went wrong. Exactly one of:
+
+  * :class:`ClientUnhealthyError` (*sticky*): the client is unhealthy for good. Every open
+    stream and waiting utility call raises it once, every later call raises it at once;
+    reconnect. (Raised by ``Client.connect``, no client was created.)
+  * :class:`RequestFailedError`: one request failed; the client stays healthy and every
+    other request runs on.
+  * :class:`UtilityCallError`, :class:`InconsistentUtilityResultsError`: one utility call
+    failed; the client stays healthy.
+  * :class:`HandshakeError`: the start-up exchange failed; raised by ``Client.connect``
+    only, no client was created.
 
 No ``zmq.ZMQError``, msgpack exception or ``ExceptionGroup`` escapes the public API: each is
 translated into one of these.
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 __all__ = [
     "ClientClosedError",
+    "ClientUnhealthyError",
     "DuplicateRequestIdError",
     "EngineDeadError",
     "GenoutError",
@@ -28,7 +37,8 @@ __all__ = [
     "InvalidRequestError",
     "OperationalError",
     "ProtocolError",
-    "RequestStreamClosed",
+    "RequestFailedError",
+    "RequestStreamClosedError",
     "SamplingMaskMismatchError",
     "TransportError",
     "UnsupportedVersionError",
@@ -46,7 +56,25 @@ class UsageError(GenoutError):
 
 
 class OperationalError(GenoutError):
-    """Something outside the caller failed: an engine, the network, a peer."""
+    """Something outside the caller failed: an engine, the network, a peer.
+
+    Every one is also exactly one of :class:`ClientUnhealthyError` (sticky),
+    :class:`RequestFailedError` (one request), a utility-call error (one call) or a
+    :class:`HandshakeError` (``Client.connect`` only).
+    """
+
+
+class ClientUnhealthyError(OperationalError):
+    """Sticky: the client that raised it is unhealthy from now on, whatever the cause.
+
+    It is the client's ``health_error``; every open stream and waiting utility call raises
+    it once, every later call raises a fresh copy at once. Leave ``Client.connect`` and
+    connect again. Raised by ``Client.connect``, no client was created.
+    """
+
+
+class RequestFailedError(OperationalError):
+    """One request failed; the client stays healthy and every other request runs on."""
 
 
 class InvalidRequestError(UsageError, ValueError):
@@ -66,19 +94,28 @@ class DuplicateRequestIdError(UsageError):
         self.request_id = request_id
 
 
-class ProtocolError(OperationalError):
-    """A peer sent bytes that are not valid vLLM engine-core protocol.
+class ProtocolError(ClientUnhealthyError):
+    """Sticky: a peer sent bytes that are not valid vLLM engine-core protocol, or an engine's
+    connection came back while outputs were in flight (they may be lost).
 
-    The message names the struct and field that was wrong.
+    The message names the struct and field that was wrong. The client cannot know which
+    request garbled bytes belonged to, so it fails them all.
     """
 
 
-class SamplingMaskMismatchError(ProtocolError):
-    """An output's sampling mask has a different number of rows than it has new tokens."""
+class SamplingMaskMismatchError(RequestFailedError):
+    """One output's sampling mask has a different number of rows than it has new tokens.
+
+    The message decoded fine; only this request's data is inconsistent, so only its stream
+    fails (leaving the scope aborts it if it still runs).
+    """
 
 
 class HandshakeError(OperationalError):
-    """The start-up handshake with an engine failed (bad message, unexpected identity...)."""
+    """The start-up handshake with an engine failed (bad message, unexpected identity...).
+
+    Raised only while connecting (``Client.connect``; the mock engine's ``serve``): no client
+    was created, nothing stays open."""
 
 
 class HandshakeTimeoutError(HandshakeError, TimeoutError):
@@ -107,32 +144,34 @@ class UnsupportedVersionError(HandshakeError):
         self.supported = supported
 
 
-class TransportError(OperationalError):
-    """A ZeroMQ socket failed (bind, connect, send or receive)."""
+class TransportError(ClientUnhealthyError):
+    """Sticky: a ZeroMQ socket failed (bind, connect, send or receive)."""
 
 
-class EngineDeadError(OperationalError):
-    """An engine died or became unreachable; the client is unhealthy from now on."""
+class EngineDeadError(ClientUnhealthyError):
+    """Sticky: an engine died or became unreachable."""
 
 
-class ClientClosedError(OperationalError):
-    """The client was closed while this operation was pending, or before it started."""
+class ClientClosedError(ClientUnhealthyError):
+    """Sticky: the client was closed while this operation was pending, or before it started."""
 
 
-class RequestStreamClosed(OperationalError):
-    """The engine ended a request without a terminal output (e.g. listed in finished_requests)."""
+class IncompleteStreamError(RequestFailedError):
+    """A request's outputs ended before its terminal output (``collect_output`` saw them end:
+    a stream consumed twice, closed from another task, an iterable that stops early)."""
+
+
+class RequestStreamClosedError(IncompleteStreamError):
+    """The engine ended a request without a terminal output (it listed the id in
+    ``finished_requests``). The request is over in the engine; nothing is aborted."""
 
     def __init__(self, request_id: str, reason: str = "closed by the engine") -> None:
         super().__init__(f"request {request_id!r}: stream {reason} without a final output")
         self.request_id = request_id
 
 
-class IncompleteStreamError(OperationalError):
-    """A stream of generate outputs ended before its terminal output."""
-
-
 class UtilityCallError(OperationalError):
-    """An engine answered a utility call with a failure message."""
+    """An engine answered a utility call with a failure message; the client stays healthy."""
 
     def __init__(self, method: str, message: str) -> None:
         super().__init__(f"utility call {method!r} failed: {message}")
@@ -141,7 +180,8 @@ class UtilityCallError(OperationalError):
 
 
 class InconsistentUtilityResultsError(OperationalError):
-    """Engines that must agree on a utility result (e.g. ``is_sleeping``) did not."""
+    """Engines that must agree on a utility result (e.g. ``is_sleeping``) did not; the client
+    stays healthy."""
 
     def __init__(self, method: str, results: list[object]) -> None:
         super().__init__(f"engines disagree on {method!r}: {results!r}")

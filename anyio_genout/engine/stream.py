@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 import anyio
 import anyio.lowlevel
 
-from ..errors import RequestStreamClosed
+from ..errors import RequestStreamClosedError
 from ..protocol import EngineCoreOutput, EngineCoreRequest
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
@@ -39,7 +39,7 @@ class EngineCoreOutputStream:
 
     Iterate with ``async for``. The stream ends after an output with a finish reason, or by
     raising exactly one error: the client's sticky health error (e.g.
-    :class:`~anyio_genout.EngineDeadError`) or :class:`~anyio_genout.RequestStreamClosed` when
+    :class:`~anyio_genout.EngineDeadError`) or :class:`~anyio_genout.RequestStreamClosedError` when
     the engine dropped the request without a final output.
 
     Checkpoints: when an output is already buffered it is returned at once, with a full
@@ -109,7 +109,7 @@ class EngineCoreOutputStream:
         Raises :class:`StopAsyncIteration` after the terminal output (or once the stream
         was closed), the client's sticky health error (e.g.
         :class:`~anyio_genout.EngineDeadError`, :class:`~anyio_genout.ClientClosedError`),
-        :class:`~anyio_genout.RequestStreamClosed` if the engine dropped the request without
+        :class:`~anyio_genout.RequestStreamClosedError` if the engine dropped the request without
         a terminal output, and :class:`anyio.BusyResourceError` if another task is waiting
         on this stream.
         """
@@ -180,12 +180,12 @@ class EngineCoreOutputStream:
                 return output
             self._fail(item)
         if self._box.closed:
-            self._fail(RequestStreamClosed(self._request_id))
+            self._fail(RequestStreamClosedError(self._request_id))
         return None
 
     def _fail(self, item: object) -> NoReturn:
         assert isinstance(item, BaseException)
-        self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosed)
+        self._state = (StreamState.UNEXPECTED_CLOSE if isinstance(item, RequestStreamClosedError)
                        else StreamState.CLOSED_WITH_ERROR)
         raise item
 

@@ -20,7 +20,7 @@ from anyio_genout import (
     InconsistentUtilityResultsError,
     InvalidRequestError,
     ProtocolError,
-    RequestStreamClosed,
+    RequestStreamClosedError,
     SamplingParams,
     UnsupportedVersionError,
     UtilityCallError,
@@ -120,7 +120,7 @@ async def test_finished_requests_without_final_output_is_unexpected_close() -> N
         async with client.call(req("req-1")) as stream:
             await engine.receive_add()
             await engine.send([], finished_requests=frozenset({"req-1"}))
-            with pytest.raises(RequestStreamClosed) as info:
+            with pytest.raises(RequestStreamClosedError) as info:
                 await stream.__anext__()
             assert info.value.request_id == "req-1"
             with pytest.raises(StopAsyncIteration):

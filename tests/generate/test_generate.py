@@ -15,7 +15,7 @@ from anyio_genout import (
     DuplicateRequestIdError,
     FinishReason,
     GenerateOutput,
-    RequestStreamClosed,
+    RequestStreamClosedError,
     SamplingMaskMismatchError,
     collect_output,
 )
@@ -181,7 +181,7 @@ async def test_generate_propagates_unexpected_close_errors() -> None:
         async with client.generate(request("req-closed")) as stream:
             internal = (await engine.receive_add()).request.request_id
             await engine.send([], finished_requests=frozenset({internal}))
-            with pytest.raises(RequestStreamClosed) as info:
+            with pytest.raises(RequestStreamClosedError) as info:
                 await stream.__anext__()
             assert info.value.request_id == internal
             with pytest.raises(StopAsyncIteration):
