@@ -1,64 +1,53 @@
-"""``EngineCoreClient``: the raw engine-core client (sockets, reader, registry, aborts).
+"""``EngineCoreClient``: the raw engine-core client (requests, the reader, health).
 
-Task layout (one client-level task group, started in :meth:`EngineCoreClient.connect`):
+Task layout (one client-level task group, run by :mod:`.connection`, started by
+:meth:`EngineCoreClient.run_tasks`):
 
 * the **engine-reader** task, the only task that waits on the output socket: it drains every
-  queued message, decodes it with the protocol core and hands each output to its request's
-  memory-object channel with ``send_nowait`` (never waiting on a consumer);
-* the **abort worker**, which batches the ids of requests whose scopes were left early into
-  one ABORT frame per engine (up to 1024 ids a frame);
+  queued message, decodes it with the protocol core and appends each output to its
+  request's mailbox (never waiting on a consumer);
+* the **sender**, which sends the input outbox once per event-loop pass (:mod:`.outbox`);
+* the **abort worker** (:mod:`.aborts`);
 * the **input drain**, which reads and discards anything sent *to* the input socket after
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
 * the **connection watchers**, the **prober** and the **liveness** task, which find an
   engine that vanished or hung (:mod:`.watchers`).
 
-Sends on the input ROUTER are synchronous (``NOBLOCK`` with an unbounded high-water mark
-never blocks towards a connected engine), so request scopes never await while sending and
-the order of ADD and ABORT frames is exactly program order.
+Sends on the input ROUTER are queued (``NOBLOCK`` with an unbounded high-water mark never
+blocks towards a connected engine), so request scopes never await while sending and the
+order of ADD and ABORT frames is exactly program order.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..errors import (
     ClientClosedError,
-    EngineDeadError,
-    GenoutError,
     OperationalError,
-    ProtocolError,
 )
 from ..protocol import (
-    DpControl,
     EngineCoreFinishReason,
     EngineCoreOutput,
     EngineCoreReadyResponse,
     EngineCoreRequest,
-    EngineDead,
-    RequestBatch,
-    SchedulerStats,
-    UtilityReply,
-    decode_batch_or_other,
-    encode_abort,
     encode_add,
     engine_identity,
 )
-from ..transport import TransportError, ZmqSocket, new_context
+from .aborts import AbortQueue
 from .config import EngineCoreClientConfig
-from .handshake import BoundSockets, bind_sockets, keyboard_interrupt_in, run_handshake
-from .outbox import Outbox
+from .connection import Connection
+from .handshake import BoundSockets
+from .input import EngineInput
+from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
 from .stream import EngineCoreOutputStream, _CallScope
 from .utility import UtilityCalls
@@ -69,23 +58,8 @@ __all__ = ["EngineCoreClient"]
 
 logger = logging.getLogger("anyio_genout.engine")
 
-#: At most this many ids in one ABORT frame.
-MAX_ABORT_BATCH: Final = 1024
 #: Seconds the input socket may keep the final ABORT frames queued after the client closes.
 CLOSE_LINGER: Final = 0.5
-#: Messages handled per reader pass before yielding to other tasks. Each pass ends with the
-#: consumers draining what it buffered; a longer pass wakes them less often but keeps more
-#: outputs alive at once, which costs more in garbage-collector passes (16 measured best).
-MAX_READ_BATCH: Final = 16
-#: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
-_BURST: Final = 2
-#: Unexpected input-socket messages logged one by one; later ones are only counted.
-MAX_INPUT_JUNK_LOGGED: Final = 10
-
-T = TypeVar("T")
-StatsListener = Callable[[int, SchedulerStats], None]
-#: Returns what its owner knows about an engine's death (or None); see add_death_explainer.
-DeathExplainer = Callable[[], "str | None"]
 
 
 class EngineCoreClient(UtilityCalls):
@@ -102,37 +76,30 @@ class EngineCoreClient(UtilityCalls):
                  ready: dict[int, EngineCoreReadyResponse]) -> None:
         self._config = config
         self._sockets = sockets
-        self._input: ZmqSocket = sockets.input
-        self._outbox = Outbox(sockets.input)  # what _sender sends there, in order
-        self._output: ZmqSocket = sockets.output
         self._ready = dict(sorted(ready.items()))
         self._ranks = list(self._ready)
         self._identities = {rank: engine_identity(rank) for rank in self._ranks}
+        self._input = EngineInput(sockets.input, self._identities, self.fail)
+        self._send_input = self._input.send
         self._registry = RequestRegistry(self._ranks)
         self._error: OperationalError | None = None
         self._calls = PendingCalls(config.client_index, self._send_input,
                                    self._raise_if_unhealthy)
-        self._abort_send: MemoryObjectSendStream[tuple[str, int]]
-        self._abort_receive: MemoryObjectReceiveStream[tuple[str, int]]
-        self._abort_send, self._abort_receive = anyio.create_memory_object_stream[
-            tuple[str, int]](math.inf)
-        self._pending_aborts: dict[str, int] = {}
-        self._stats_listeners: list[StatsListener] = []
+        self._aborts = AbortQueue(self._send_input, lambda: self._error is None)
         self._max_model_len = min(r.max_model_len for r in self._ready.values())
-        self._aborts_sent = 0
-        self._input_junk = 0
         monitors = {"output": sockets.output_monitor, "input": sockets.input_monitor}
         self._watch = EngineWatch(
             config, self._ranks,
             {name: monitor for name, monitor in monitors.items() if monitor is not None},
             self._calls, self.fail, lambda: self._error is None,
             lambda: len(self._registry.requests))
-        self._death_explainers: list[DeathExplainer] = []
+        self._reader = OutputReader(sockets.output, self._registry, self._calls, self._watch,
+                                    self.fail)
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    def connect(cls, config: EngineCoreClientConfig) -> _Connection:
+    def connect(cls, config: EngineCoreClientConfig) -> Connection[EngineCoreClient]:
         """Bind, complete the handshake with every engine, and run the client.
 
         ``async with EngineCoreClient.connect(config) as engine:`` returns once every
@@ -146,7 +113,7 @@ class EngineCoreClient(UtilityCalls):
         :class:`~anyio_genout.TransportError` if an address cannot be bound; Ctrl-C while
         waiting raises a plain :class:`KeyboardInterrupt`.
         """
-        return _Connection(config)
+        return Connection(config, cls)
 
     # ------------------------------------------------------------------ accessors
 
@@ -214,7 +181,7 @@ class EngineCoreClient(UtilityCalls):
     @property
     def aborts_sent(self) -> int:
         """Request ids sent in ABORT frames so far (for tests and soak checks)."""
-        return self._aborts_sent
+        return self._aborts.sent
 
     def engine_load(self) -> dict[int, int]:
         """Routing score of each engine: max(in-flight, running + waiting)."""
@@ -222,7 +189,7 @@ class EngineCoreClient(UtilityCalls):
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
-        self._stats_listeners.append(listener)
+        self._reader.stats_listeners.append(listener)
 
     def add_death_explainer(self, explain: DeathExplainer) -> Callable[[], None]:
         """Let whoever owns engines say why one died; returns a function that unregisters.
@@ -233,11 +200,12 @@ class EngineCoreClient(UtilityCalls):
         to the :class:`~anyio_genout.EngineDeadError` every stream and call then gets; None
         or ``""`` adds nothing. An exception from ``explain`` is logged and ignored.
         """
-        self._death_explainers.append(explain)
+        explainers = self._reader.death_explainers
+        explainers.append(explain)
 
         def unregister() -> None:
-            if explain in self._death_explainers:
-                self._death_explainers.remove(explain)
+            if explain in explainers:
+                explainers.remove(explain)
 
         return unregister
 
@@ -247,12 +215,12 @@ class EngineCoreClient(UtilityCalls):
         """From now on hand every input message (``[identity, *frames]``) to ``sink``
         instead of sending it. For benchmarks and tests that play the engine in the
         client's own event loop, with :meth:`deliver_output`."""
-        self._outbox = _Capture(sink)  # type: ignore[assignment]
+        self._input.capture(sink)
 
     def deliver_output(self, frames: list[Any]) -> None:
         """Handle one output message as the reader does after receiving it (decode,
         dispatch); for benchmarks and tests that play the engine in-process."""
-        self._dispatch(frames)
+        self._reader.dispatch(frames)
 
     # ------------------------------------------------------------------ requests
 
@@ -302,9 +270,7 @@ class EngineCoreClient(UtilityCalls):
         try:
             # An abort of an earlier request with this id may still be queued: send it
             # first, or the engine would see a duplicate id and die.
-            pending = self._pending_aborts.pop(request.request_id, None)
-            if pending is not None:
-                self._send_abort_now(pending, [request.request_id])
+            self._aborts.send_pending_now(request.request_id)
             self._send_input(engine, frames)
         except BaseException:
             registry.remove(request.request_id)
@@ -317,7 +283,7 @@ class EngineCoreClient(UtilityCalls):
         """Whether the ABORT of a stream closed early with this id waits in the abort queue
         (not yet queued for the engine's input, so a request queued now would reach the
         engine before it; :meth:`open_stream` with that id sends the ABORT first)."""
-        return request_id in self._pending_aborts
+        return self._aborts.is_pending(request_id)
 
     def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
         entry = self._registry.requests.get(stream.request_id)
@@ -326,8 +292,7 @@ class EngineCoreClient(UtilityCalls):
         # Left before the terminal output while the engine still runs it: abort, once.
         self._registry.remove(stream.request_id)
         if self._error is None:
-            self._pending_aborts[stream.request_id] = entry.engine
-            self._abort_send.send_nowait((stream.request_id, entry.engine))
+            self._aborts.queue(stream.request_id, entry.engine)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Abort requests by id (unknown ids are ignored).
@@ -347,11 +312,11 @@ class EngineCoreClient(UtilityCalls):
         self._raise_if_unhealthy()
         by_engine: dict[int, list[str]] = {}
         now = time.time()
-        pending = self._pending_aborts
+        aborts = self._aborts
         for rid in dict.fromkeys(request_ids):
             entry = self._registry.remove(rid)
             if entry is None:
-                engine = pending.pop(rid, None)
+                engine = aborts.take(rid)
                 if engine is not None:  # left early, its ABORT not sent yet: send it now
                     by_engine.setdefault(engine, []).append(rid)
                 continue
@@ -361,225 +326,43 @@ class EngineCoreClient(UtilityCalls):
             entry.box.close()
         if by_engine:
             for engine, ids in by_engine.items():
-                self._send_abort_now(engine, ids)
-            self._hand_over_input()
+                aborts.send_now(engine, ids)
+            self._input.hand_over()
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
-    def _send_abort_now(self, engine: int, ids: list[str]) -> None:
-        for start in range(0, len(ids), MAX_ABORT_BATCH):
-            chunk = ids[start:start + MAX_ABORT_BATCH]
-            self._send_input(engine, encode_abort(chunk))
-            self._aborts_sent += len(chunk)
+    # ------------------------------------------------------------------ run and close
 
-    def _send_input(self, engine: int, frames: list[bytes]) -> None:
-        """Queue a message for ``engine``'s input (sent by :meth:`_sender`, in order)."""
-        try:
-            self._outbox.put([self._identities[engine], *frames])
-        except anyio.ClosedResourceError:
-            raise ClientClosedError("engine-core client is closed") from None
-        except TransportError as exc:  # a full queue was being sent, and a send failed
-            self.fail(exc)
-            raise
+    async def run_tasks(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start the client's background tasks in ``task_group`` (package-internal: the
+        connection's task group); returns once the reader runs."""
+        await task_group.start(self._reader.run)
+        task_group.start_soon(self._input.run_sender)
+        task_group.start_soon(self._aborts.run)
+        task_group.start_soon(self._input.drain)
+        if self._sockets.output_monitor is not None:
+            task_group.start_soon(self._watch.watch_connections)
+        if self._config.liveness_interval is not None:
+            task_group.start_soon(self._watch.liveness, self._config.liveness_interval,
+                                  self._config.liveness_timeout)
 
-    def _hand_over_input(self) -> None:
-        """Hand every queued input message to ZeroMQ now, in order (not at the end of the
-        event-loop pass, as :meth:`_sender` would)."""
-        try:
-            self._outbox.flush()
-        except anyio.ClosedResourceError:
-            raise ClientClosedError("engine-core client is closed") from None
-        except TransportError as exc:
-            self.fail(exc)
-            raise
+    def close_now(self) -> None:
+        """Close the client, synchronously (package-internal: the connection's exit, before
+        it cancels the tasks).
 
-    async def _sender(self) -> None:
-        try:
-            await self._outbox.run()
-        except anyio.ClosedResourceError:
-            return
-        except TransportError as exc:
-            self.fail(exc)
-
-    async def _abort_worker(self) -> None:
-        receive = self._abort_receive
-        async for first in receive:
-            batch = [first]
-            while len(batch) < MAX_ABORT_BATCH:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            self._flush_aborts(batch)
-
-    def _flush_aborts(self, batch: Sequence[tuple[str, int]]) -> None:
-        """Send the pending aborts among ``batch``: one ABORT frame per engine."""
-        if self._error is not None:
-            self._pending_aborts.clear()
-            return
-        by_engine: dict[int, list[str]] = {}
-        for rid, engine in batch:
-            # Skip ids already sent (a new request with the same id flushed it).
-            if self._pending_aborts.get(rid) == engine:
-                del self._pending_aborts[rid]
-                by_engine.setdefault(engine, []).append(rid)
-        self._send_aborts(by_engine)
-
-    def _send_aborts(self, by_engine: dict[int, list[str]]) -> None:
-        """One ABORT frame per engine (more past 1024 ids); a failure is logged."""
-        for engine, ids in by_engine.items():
-            logger.debug("aborting %d request(s) on engine %d", len(ids), engine)
-            try:
-                self._send_abort_now(engine, ids)
-            except GenoutError as exc:
-                logger.warning("could not send ABORT to engine %d: %s", engine, exc)
-
-    def _abort_all_on_close(self) -> None:
-        """Closing: ABORT everything the engines may still be running, then hand every
-        queued message to ZeroMQ (before the sockets close).
-
-        That is the ids whose scopes were left with their ABORT still queued (e.g. on
-        Ctrl-C), and every request still registered: streams open in other tasks, which
-        then end with :class:`~anyio_genout.ClientClosedError` (closing removes them, so
-        nothing aborts them again). One frame per engine. An unhealthy client sends none:
-        it no longer tracks any request.
+        First ABORT everything the engines may still be running, one frame per engine: the
+        ids whose scopes were left with their ABORT still queued (e.g. on Ctrl-C), and every
+        request still registered (streams open in other tasks, which then end with
+        :class:`~anyio_genout.ClientClosedError`; closing removes them, so nothing aborts
+        them again); an unhealthy client sends none. Then hand every queued message to
+        ZeroMQ, make the client closed, and close the sockets (the input socket lingers
+        ``CLOSE_LINGER`` seconds for the last frames).
         """
-        if self._error is None:
-            by_engine: dict[int, list[str]] = {}
-            for rid, engine in self._pending_aborts.items():
-                by_engine.setdefault(engine, []).append(rid)
-            self._pending_aborts.clear()
-            for rid, entry in self._registry.requests.items():
-                by_engine.setdefault(entry.engine, []).append(rid)
-            if by_engine:
-                logger.info("closing: aborting %d request(s) still in flight",
-                            sum(map(len, by_engine.values())))
-            self._send_aborts(by_engine)
-        try:
-            self._outbox.flush()
-        except (anyio.ClosedResourceError, TransportError) as exc:
-            logger.warning("could not send the last queued messages: %s", exc)
-
-    # ------------------------------------------------------------------ the reader
-
-    async def _reader(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        sock = self._output
-        task_status.started()
-        try:
-            # Is a message queued? Outside a burst, ask ZMQ_EVENTS (1.2 us) before receiving:
-            # a receive that finds nothing costs more (pyzmq raises zmq.Again inside, 2.7 us).
-            # In a burst (two messages in a row) just receive, until one finds nothing.
-            count = 0
-            streak = 0
-            while True:
-                if streak < _BURST and not sock.readable():
-                    await sock.wait_signalled()
-                    continue
-                frames = sock.receive_nowait()
-                if frames is None:
-                    streak = 0
-                    continue
-                streak += 1
-                self._dispatch(frames)
-                if self._error is not None:
-                    return
-                count += 1
-                if count == MAX_READ_BATCH:
-                    count = 0
-                    await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            return
-        except TransportError as exc:
-            self.fail(exc)
-
-    async def _drain_input(self) -> None:
-        """Discard messages sent to the input ROUTER after the handshake (none expected)."""
-        sock = self._input
-        try:
-            while True:
-                frames = sock.receive_nowait()
-                if frames is None:
-                    await sock.wait_readable()
-                    continue
-                self._input_junk += 1
-                if self._input_junk <= MAX_INPUT_JUNK_LOGGED:
-                    logger.warning("discarding an unexpected %d-frame message sent to the "
-                                   "input socket by %r", len(frames),
-                                   bytes(frames[0].buffer)[:16])
-                if self._input_junk % MAX_READ_BATCH == 0:
-                    await anyio.lowlevel.checkpoint()
-        except anyio.ClosedResourceError:
-            return
-        except TransportError as exc:
-            self.fail(exc)
-
-    def _dispatch(self, frames: list[Any]) -> None:
-        try:
-            # zmq.Frame has the buffer protocol: the decoder reads the frames in place.
-            message = decode_batch_or_other(frames)
-        except ProtocolError as exc:
-            self.fail(exc)
-            return
-        if type(message) is tuple:
-            self._dispatch_batch(*message)
-        elif type(message) is RequestBatch:  # outputs that carry wave fields as well
-            m = message.message
-            self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
-                                 m.finished_requests)
-        elif type(message) is UtilityReply:
-            calls = self._calls
-            probed = calls.probe_engine(message.reply.call_id)
-            if probed is not None:
-                self._watch.note_answer(probed, frames[0])
-            calls.resolve(message.reply)
-        elif type(message) is EngineDead:
-            self.fail(EngineDeadError(self._engine_core_dead_message()))
-        else:
-            assert isinstance(message, DpControl)
-            self.fail(ProtocolError(
-                "EngineCoreOutputs: data-parallel wave control arrived on the main output "
-                "socket (this client runs no DP coordinator)"))
-
-    def _engine_core_dead_message(self) -> str:
-        """"an engine core sent ENGINE_CORE_DEAD", with what the explainers know."""
-        reasons: list[str] = []
-        for explain in list(self._death_explainers):
-            try:
-                text = explain()
-            except Exception:
-                logger.exception("death explainer %r failed", explain)
-                continue
-            if text:
-                reasons.append(text)
-        message = "an engine core sent ENGINE_CORE_DEAD"
-        return f"{message}: {'; '.join(reasons)}" if reasons else message
-
-    def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],
-                        stats: SchedulerStats | None, timestamp: float,
-                        finished: frozenset[str] | None) -> None:
-        requests = self._registry.requests
-        for output in outputs:
-            entry = requests.get(output.request_id)
-            if entry is None:
-                continue  # finished, aborted or unknown: dropped
-            # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
-            box = entry.box
-            items = box.items
-            items.append(timestamp)
-            items.append(output)
-            if output.finish_reason is not None:
-                self._registry.remove(output.request_id)
-                box.closed = True
-            if box.waiter is not None:
-                box.wake()
-        if finished:
-            for rid in finished:
-                entry = self._registry.remove(rid)
-                if entry is not None:  # finished without a final output
-                    entry.box.close()
-        if stats is not None:
-            self._registry.update_stats(engine, stats)
-            for listener in self._stats_listeners:
-                listener(engine, stats)
+        self._aborts.abort_all((rid, entry.engine)
+                               for rid, entry in self._registry.requests.items())
+        self._input.hand_over_logged()
+        self.fail(ClientClosedError("engine-core client is closed"))
+        self._aborts.close()
+        self._sockets.close(input_linger=CLOSE_LINGER)
 
     # ------------------------------------------------------------------ health
 
@@ -593,6 +376,7 @@ class EngineCoreClient(UtilityCalls):
         if self._error is not None:
             return
         self._error = error
+        self._reader.stop()
         if isinstance(error, ClientClosedError):
             logger.debug("engine-core client closed")
         else:
@@ -604,7 +388,7 @@ class EngineCoreClient(UtilityCalls):
         for rid in list(requests):
             self._registry.remove(rid)
         self._calls.fail(error)
-        self._pending_aborts.clear()
+        self._aborts.clear()
 
     def _raise_if_unhealthy(self) -> None:
         if self._error is not None:
@@ -620,94 +404,3 @@ class EngineCoreClient(UtilityCalls):
         caller unregisters its waiters.
         """
         return await self._calls.call(self._ranks, method, args)
-
-
-
-class _Capture:
-    """An outbox that hands each message to a function (see ``capture_input``)."""
-
-    def __init__(self, sink: Callable[[list[Any]], None]) -> None:
-        self.put = sink
-
-    def flush(self) -> None:
-        pass
-
-    async def run(self) -> None:
-        await anyio.sleep_forever()
-
-
-class _Connection:
-    """``async with EngineCoreClient.connect(config)``: the client's lifetime."""
-
-    def __init__(self, config: EngineCoreClientConfig) -> None:
-        self._config = config
-        self._client: EngineCoreClient | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._context: Any = None
-
-    async def __aenter__(self) -> EngineCoreClient:
-        self._context = new_context()
-        sockets: BoundSockets | None = None
-        try:
-            sockets = bind_sockets(self._context, self._config)
-            ready = await run_handshake(sockets, self._config)
-            if sockets.handshake is not None:
-                sockets.handshake.close()
-                sockets.handshake = None
-            client = EngineCoreClient(self._config, sockets, ready)
-            early, sockets.early_outputs = sockets.early_outputs, []
-            for frames in early:  # arrived before READY: dispatched before anything newer
-                client._dispatch(frames)
-            tg = anyio.create_task_group()
-            await tg.__aenter__()
-            try:
-                await tg.start(client._reader)
-                tg.start_soon(client._sender)
-                tg.start_soon(client._abort_worker)
-                tg.start_soon(client._drain_input)
-                if sockets.output_monitor is not None:
-                    tg.start_soon(client._watch.watch_connections)
-                if self._config.liveness_interval is not None:
-                    tg.start_soon(client._watch.liveness, self._config.liveness_interval,
-                                  self._config.liveness_timeout)
-            except BaseException:
-                tg.cancel_scope.cancel()
-                await tg.__aexit__(None, None, None)
-                raise
-        except BaseException:
-            if sockets is not None:
-                sockets.close()
-            self._context.term()
-            raise
-        self._client = client
-        self._tg = tg
-        return client
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        client, tg = self._client, self._tg
-        assert client is not None and tg is not None
-        # Every request the engines still run gets its ABORT before the sockets close: those
-        # whose scopes were left just now (e.g. on Ctrl-C) and those still open elsewhere.
-        client._abort_all_on_close()
-        client.fail(ClientClosedError("engine-core client is closed"))
-        client._abort_send.close()
-        client._sockets.close(input_linger=CLOSE_LINGER)
-        tg.cancel_scope.cancel()
-        # The body's exception (if any) propagates unchanged: it never enters the task group.
-        try:
-            await tg.__aexit__(None, None, None)
-        except BaseExceptionGroup as group:
-            # On trio a Ctrl-C lands in whichever task runs, often the reader: it is the
-            # user's KeyboardInterrupt all the same, not a failure of ours.
-            interrupt = keyboard_interrupt_in(group)
-            if interrupt is not None:
-                raise interrupt from None
-            raise RuntimeError("anyio-genout background task failed") from group  # a bug
-        finally:
-            client._abort_receive.close()
-            # term() waits (at most CLOSE_LINGER) for the last ABORTs to leave; in a worker
-            # thread, shielded, so the event loop never blocks on it and it always completes.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._context.term)
-

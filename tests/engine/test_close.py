@@ -125,11 +125,11 @@ async def test_abort_returns_after_handing_its_frame_to_zeromq() -> None:
     async with mock_engines() as (address, (engine,)):
         config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address))
         async with Client.connect(config) as client:
-            outbox = client.engine._outbox
+            outbox = client.engine._input
             for i in range(16):  # the sender task may or may not run first: never rely on it
                 async with client.generate(generate_request(f"r{i}", max_tokens=LONG)) as stream:
                     await client.abort([f"r{i}"])
-                    assert len(outbox) == 0, "abort() returned with its ABORT still queued"
+                    assert outbox.queued == 0, "abort() returned with its ABORT still queued"
                     await aborted(engine, i + 1)  # it reaches the engine promptly
                     outputs = [out async for out in stream]
                     assert [o.finish_reason for o in outputs] == [FinishReason.ABORT]
@@ -138,7 +138,7 @@ async def test_abort_returns_after_handing_its_frame_to_zeromq() -> None:
             async with client.generate(generate_request("left", max_tokens=LONG)) as stream:
                 internal = stream.request_id
             await client.engine.abort([internal])
-            assert len(outbox) == 0
+            assert outbox.queued == 0
             # Cancelled before it starts, abort() does nothing.
             async with client.generate(generate_request("kept", max_tokens=LONG)) as stream:
                 with anyio.CancelScope() as scope:
@@ -165,7 +165,7 @@ async def test_ctrl_c_landing_in_the_reader_task_is_a_plain_keyboard_interrupt(
         config = EngineCoreClientConfig(handshake_address=address)
         with pytest.raises(KeyboardInterrupt):  # not an exception group, not a RuntimeError
             async with EngineCoreClient.connect(config) as client:
-                monkeypatch.setattr(client, "_dispatch", ctrl_c)  # the next output
+                monkeypatch.setattr(client._reader, "dispatch", ctrl_c)  # the next output
                 async with client.call(engine_request("r", max_tokens=LONG)) as stream:
                     async for _ in stream:
                         pass

@@ -1,0 +1,133 @@
+"""The engines' input socket, as the client uses it: queueing messages, sending, draining.
+
+Every message for an engine (ADD, ABORT, UTILITY) goes through :meth:`EngineInput.send`
+into one :class:`~.outbox.Outbox`, sent in program order by the **sender** task
+(:meth:`EngineInput.run_sender`). The **input drain** (:meth:`EngineInput.drain`) reads and
+discards whatever a peer sends *to* the socket after the handshake. A send failure makes the
+client unhealthy through the ``fail`` callable it hands over.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+
+from ..errors import ClientClosedError, OperationalError, TransportError
+from ..transport import ZmqSocket
+from .outbox import Outbox
+
+__all__ = ["EngineInput"]
+
+logger = logging.getLogger("anyio_genout.engine")
+
+#: Unexpected input-socket messages logged one by one; later ones are only counted.
+MAX_INPUT_JUNK_LOGGED: Final = 10
+#: Discarded messages between two checkpoints of the input drain.
+_DRAIN_BATCH: Final = 16
+
+
+class EngineInput:
+    """The input ROUTER, its send queue, and the count of messages discarded from it."""
+
+    __slots__ = ("_fail", "_identities", "_outbox", "_socket", "junk")
+
+    def __init__(self, socket: ZmqSocket, identities: dict[int, bytes],
+                 fail: Callable[[OperationalError], None]) -> None:
+        self._socket = socket
+        self._outbox = Outbox(socket)
+        self._identities = identities
+        self._fail = fail
+        #: Messages sent to the input socket after the handshake, and discarded.
+        self.junk = 0
+
+    @property
+    def queued(self) -> int:
+        """Messages queued and not yet handed to ZeroMQ."""
+        return len(self._outbox)
+
+    def capture(self, sink: Callable[[list[Any]], None]) -> None:
+        """Hand every message to ``sink`` instead of sending it (in-process engines)."""
+        self._outbox = _Capture(sink)  # type: ignore[assignment]
+
+    def send(self, engine: int, frames: list[bytes]) -> None:
+        """Queue a message for ``engine`` (sent by the sender task, in order).
+
+        Raises :class:`~anyio_genout.ClientClosedError` once the socket is closed, and
+        :class:`~anyio_genout.TransportError` if a full queue was being sent and a send
+        failed (which makes the client unhealthy)."""
+        try:
+            self._outbox.put([self._identities[engine], *frames])
+        except anyio.ClosedResourceError:
+            raise ClientClosedError("engine-core client is closed") from None
+        except TransportError as exc:
+            self._fail(exc)
+            raise
+
+    def hand_over(self) -> None:
+        """Hand every queued message to ZeroMQ now, in order (not at the end of the
+        event-loop pass, as the sender would). Raises what :meth:`send` raises."""
+        try:
+            self._outbox.flush()
+        except anyio.ClosedResourceError:
+            raise ClientClosedError("engine-core client is closed") from None
+        except TransportError as exc:
+            self._fail(exc)
+            raise
+
+    def hand_over_logged(self) -> None:
+        """:meth:`hand_over` when closing: a failure is only logged."""
+        try:
+            self._outbox.flush()
+        except (anyio.ClosedResourceError, TransportError) as exc:
+            logger.warning("could not send the last queued messages: %s", exc)
+
+    async def run_sender(self) -> None:
+        """The sender task: send queued messages as they come, until the socket closes."""
+        try:
+            await self._outbox.run()
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:
+            self._fail(exc)
+
+    async def drain(self) -> None:
+        """The input drain: discard messages sent to the socket after the handshake (none
+        expected), until it closes."""
+        sock = self._socket
+        try:
+            while True:
+                frames = sock.receive_nowait()
+                if frames is None:
+                    await sock.wait_readable()
+                    continue
+                self.junk += 1
+                if self.junk <= MAX_INPUT_JUNK_LOGGED:
+                    logger.warning("discarding an unexpected %d-frame message sent to the "
+                                   "input socket by %r", len(frames),
+                                   bytes(frames[0].buffer)[:16])
+                if self.junk % _DRAIN_BATCH == 0:
+                    await anyio.lowlevel.checkpoint()
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:
+            self._fail(exc)
+
+
+class _Capture:
+    """An outbox that hands each message to a function (see ``capture_input``)."""
+
+    def __init__(self, sink: Callable[[list[Any]], None]) -> None:
+        self.put = sink
+
+    def __len__(self) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+    async def run(self) -> None:
+        await anyio.sleep_forever()
