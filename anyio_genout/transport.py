@@ -184,7 +184,13 @@ class ZmqSocket:
     # ------------------------------------------------------------------ receiving
 
     def receive_nowait(self) -> list[zmq.Frame] | None:
-        """One multipart message if one is queued, else None (never blocks)."""
+        """One multipart message if one is queued, else None (never blocks).
+
+        The package's ``_nowait`` convention: None (or False for a send) only means "not
+        now, wait and try again"; a socket that is closed raises
+        :class:`anyio.ClosedResourceError`, so closed never looks like empty. Raises
+        :class:`~anyio_genout.TransportError` if ZeroMQ fails.
+        """
         if self._closed:
             raise anyio.ClosedResourceError
         sock = self._sock
@@ -254,7 +260,9 @@ class ZmqSocket:
 
         With the unbounded high-water marks set here this only fails to send while a
         peer has not connected yet (PUSH, DEALER). ROUTER sockets drop messages addressed to
-        unknown identities silently, as ZeroMQ does.
+        unknown identities silently, as ZeroMQ does. Raises
+        :class:`anyio.ClosedResourceError` once the socket is closed (the ``_nowait``
+        convention of :meth:`receive_nowait`).
         """
         if self._closed:
             raise anyio.ClosedResourceError

@@ -52,7 +52,9 @@ class OutputMailbox(Parking):
 
     ``waiter`` is not None exactly while the consumer is parked; whoever adds an item or
     closes the mailbox then calls :meth:`wake`. The reader inlines :meth:`put_output` as
-    two appends followed by that check.
+    two appends followed by that check, without the ``closed`` check: a mailbox it reaches
+    through the request registry is never closed (whoever closes one removes its request
+    from the registry in the same synchronous step; see engine/reader.py).
     """
 
     __slots__ = ("closed", "items")

@@ -152,6 +152,12 @@ class OutputReader:
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
             # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
+            # It skips put_output's `closed` check because of an invariant: a mailbox still
+            # in the registry is never closed. Every path that closes one (the terminal
+            # output and the finished set below, EngineCoreClient.fail and .abort, a stream's
+            # close() through _on_stream_close, a failed open_stream) removes the request
+            # from the registry in the same synchronous step, so the reader, which runs
+            # between such steps, only ever finds open mailboxes here.
             box = entry.box
             items = box.items
             items.append(timestamp)

@@ -145,9 +145,11 @@ class EngineCoreOutputStream:
                     await box.wait()
             except anyio.BusyResourceError:
                 raise self._busy() from None
-        output = self.receive_output_nowait()
-        if output is None:  # ended meanwhile: close() from another task
-            raise StopAsyncIteration
+        try:
+            output = self.receive_output_nowait()
+        except anyio.EndOfStream:  # ended meanwhile: close() from another task
+            raise StopAsyncIteration from None
+        assert output is not None  # the wait ended with an output, the error or the end
         return output
 
     def _busy(self) -> anyio.BusyResourceError:
@@ -157,7 +159,13 @@ class EngineCoreOutputStream:
         return error
 
     def receive_nowait(self) -> EngineCoreStreamOutput | None:
-        """The next buffered output, or None if none is buffered (raises like ``__anext__``)."""
+        """The next buffered output, or None if none is buffered yet.
+
+        The package's ``_nowait`` convention: None means only "nothing yet, wait and try
+        again"; a stream that ended (after its terminal output, its error, or :meth:`close`)
+        raises :class:`anyio.EndOfStream` instead, so ended never looks like empty. It also
+        raises the error that ends the stream, like ``__anext__``.
+        """
         output = self.receive_output_nowait()
         if output is None:
             return None
@@ -166,9 +174,10 @@ class EngineCoreOutputStream:
     def receive_output_nowait(self) -> EngineCoreOutput | None:
         """Like :meth:`receive_nowait`, but the output alone: its engine batch timestamp is
         then :attr:`timestamp` (the generate layer reads outputs this way, saving an object
-        per output)."""
+        per output). None only while none is buffered; raises :class:`anyio.EndOfStream`
+        once the stream ended, and what ``__anext__`` raises."""
         if self._state is not StreamState.RUNNING:
-            return None
+            raise anyio.EndOfStream
         items = self._box.items
         if items:  # an output is two entries: its batch timestamp, then the output
             item = items.popleft()

@@ -101,7 +101,29 @@ async def test_buffered_outputs_read_without_waiting_keep_their_own_timestamps()
         final = stream.receive_nowait()
         assert final is not None and final.output.finish_reason is LENGTH
         assert final.timestamp == 14.0 and stream.terminated
-        assert stream.receive_output_nowait() is None  # ended: nothing more, no error
+        with pytest.raises(anyio.EndOfStream):  # ended: nothing more, and not "empty"
+            stream.receive_output_nowait()
+
+
+async def test_nowait_tells_an_ended_stream_from_an_empty_one() -> None:
+    """None means "nothing buffered yet"; a stream that ended (terminal output delivered,
+    or closed) raises EndOfStream, so a polling consumer never waits forever on it."""
+    async with Cluster() as (client, (engine,)):
+        async with client.call(req("done")) as stream:
+            await engine.receive_add()
+            assert stream.receive_nowait() is None  # empty: try again later
+            await engine.send([out("done", [1], LENGTH)])
+            assert (await stream.__anext__()).output.finish_reason is LENGTH
+            with pytest.raises(anyio.EndOfStream):
+                stream.receive_nowait()
+        async with client.call(req("left")) as stream:
+            await engine.receive_add()
+            assert stream.receive_output_nowait() is None
+            stream.close()
+            with pytest.raises(anyio.EndOfStream):
+                stream.receive_output_nowait()
+            with pytest.raises(anyio.EndOfStream):
+                stream.receive_nowait()
 
 
 async def test_duplicate_request_id_is_refused_without_sending() -> None:
