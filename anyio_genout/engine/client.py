@@ -49,7 +49,7 @@ from .handshake import BoundSockets
 from .input import EngineInput
 from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
-from .stream import EngineCoreOutputStream, _CallScope
+from .stream import CallScope, EngineCoreOutputStream, new_output_stream
 from .utility import UtilityCalls
 from .utility_calls import PendingCalls, copy_error
 from .watchers import EngineWatch
@@ -224,13 +224,13 @@ class EngineCoreClient(UtilityCalls):
 
     # ------------------------------------------------------------------ requests
 
-    def call(self, request: EngineCoreRequest) -> _CallScope:
+    def call(self, request: EngineCoreRequest) -> CallScope:
         """Send ``request`` and stream its outputs: ``async with engine.call(req) as s:``.
 
         Entering does what :meth:`open_stream` does (and raises what it raises); leaving the
         block before the terminal output aborts the request in the engine exactly once.
         """
-        return _CallScope(lambda: self.open_stream(request))
+        return CallScope(lambda: self.open_stream(request))
 
     def open_stream(self, request: EngineCoreRequest) -> EngineCoreOutputStream:
         """Validate ``request``, resolve its defaults, pick its engine, register and queue
@@ -276,8 +276,7 @@ class EngineCoreClient(UtilityCalls):
             registry.remove(request.request_id)
             entry.box.discard()
             raise
-        return EngineCoreOutputStream(request, max_tokens, engine, entry.box,
-                                      self._on_stream_close)
+        return new_output_stream(request, max_tokens, engine, entry.box, self._on_stream_close)
 
     def abort_queued(self, request_id: str) -> bool:
         """Whether the ABORT of a stream closed early with this id waits in the abort queue
@@ -399,8 +398,12 @@ class EngineCoreClient(UtilityCalls):
     async def call_utility(self, method: str, *args: Any) -> list[Any]:
         """Call ``method(*args)`` on every engine; returns the results in engine order.
 
-        Waits for every engine's reply; if any engine failed, raises
-        :class:`~anyio_genout.UtilityCallError` after all have answered. Cancelling the
-        caller unregisters its waiters.
+        Waits for every engine's reply. Cancelling the caller unregisters its waiters.
+
+        Raises:
+            UtilityCallError: an engine's method failed (raised after all have answered).
+            ClientUnhealthyError: the client's sticky health error, at once or when it
+                turns unhealthy while the call waits (:class:`EngineDeadError`,
+                :class:`ClientClosedError`, ...).
         """
         return await self._calls.call(self._ranks, method, args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn, final
 
 import anyio
 import anyio.lowlevel
@@ -17,7 +17,7 @@ from .mailbox import EngineCoreStreamOutput, OutputMailbox
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["EngineCoreOutputStream", "StreamState"]
+__all__ = ["CallScope", "EngineCoreOutputStream", "StreamState", "new_output_stream"]
 
 # Read this many buffered outputs without a checkpoint before yielding to the event loop
 # anyway (so a consumer that keeps up cannot starve other tasks or delay cancellation long).
@@ -34,6 +34,11 @@ class StreamState(enum.Enum):
     CLOSED = "closed"  # left early by the consumer
 
 
+#: Passed by :func:`new_output_stream` only: the class has no public constructor.
+_MADE_HERE: Final = object()
+
+
+@final
 class EngineCoreOutputStream:
     """The outputs of one request, in order, ending after its terminal output.
 
@@ -57,7 +62,11 @@ class EngineCoreOutputStream:
 
     def __init__(self, request: EngineCoreRequest, max_tokens: int, engine_index: int,
                  box: OutputMailbox,
-                 on_close: Callable[[EngineCoreOutputStream, bool], None]) -> None:
+                 on_close: Callable[[EngineCoreOutputStream, bool], None], *,
+                 _made_by: object = None) -> None:
+        if _made_by is not _MADE_HERE:
+            raise TypeError("EngineCoreOutputStream has no public constructor: streams are "
+                            "opened by EngineCoreClient.call() or open_stream()")
         self._request = request
         self._request_id = request.request_id
         self._max_tokens = max_tokens
@@ -217,7 +226,18 @@ class EngineCoreOutputStream:
         await anyio.lowlevel.checkpoint()
 
 
-class _CallScope:
+def new_output_stream(request: EngineCoreRequest, max_tokens: int, engine_index: int,
+                      box: OutputMailbox,
+                      on_close: Callable[[EngineCoreOutputStream, bool], None]
+                      ) -> EngineCoreOutputStream:
+    """The engine client's way to make a stream (package-internal): ``request`` as sent,
+    its resolved ``max_tokens``, its engine, its mailbox and the client's close hook."""
+    return EngineCoreOutputStream(request, max_tokens, engine_index, box, on_close,
+                                  _made_by=_MADE_HERE)
+
+
+@final
+class CallScope:
     """``async with engine.call(request) as stream``: send on entry, abort on early exit."""
 
     __slots__ = ("_open", "_stream")

@@ -15,7 +15,7 @@ from ..engine.handshake import keyboard_interrupt_in
 from ..metrics import Metrics, log_stats_periodically
 from .inflight import InflightRequests
 from .request import GenerateRequest, internal_request_id
-from .stream import GenerateStream
+from .stream import GenerateStream, new_generate_stream
 
 __all__ = ["Client", "ClientConfig"]
 
@@ -62,6 +62,12 @@ class Client:
     """
 
     def __init__(self, engine: EngineCoreClient, config: ClientConfig | None = None) -> None:
+        """Wrap a connected engine client (metrics go to ``config.registry``).
+
+        Raises:
+            ValueError: ``config.vocab_size`` is set but the engine client's config has
+                another one (or none), or the registry already holds these metric families.
+        """
         self._config = config or ClientConfig(engine=engine.config)
         _check_vocab_size(self._config.vocab_size, engine.config)
         self._engine = engine
@@ -73,7 +79,14 @@ class Client:
     @classmethod
     def connect(cls, config: ClientConfig | None = None) -> _ClientConnection:
         """Connect to the engines described by ``config.engine`` (see
-        :meth:`EngineCoreClient.connect`) and yield a :class:`Client`."""
+        :meth:`EngineCoreClient.connect`) and yield a :class:`Client`.
+
+        Raises:
+            ValueError: at once, when ``config.vocab_size`` and ``config.engine.vocab_size``
+                disagree.
+            HandshakeError, HandshakeTimeoutError, EngineDeadError: on entering ``async
+                with``, as :meth:`EngineCoreClient.connect` raises them.
+        """
         return _ClientConnection(config or ClientConfig())
 
     @property
@@ -99,17 +112,26 @@ class Client:
         The request is validated when the ``async with`` block is entered, before anything
         is sent (:class:`~anyio_genout.InvalidRequestError` names the field). See
         :class:`GenerateStream` for what leaving the block early does.
+
+        Raises:
+            InvalidRequestError: ``request.sampling_params`` is not a
+                :class:`SamplingParams` (every other check runs on entering the block).
         """
         internal = internal_request_id(request.request_id, self._config.randomize_request_ids)
         engine_request = request.to_engine_request(internal,
                                                    eos_token_id=self._config.eos_token_id)
-        return GenerateStream(self._engine, self._metrics, self._inflight, engine_request,
-                              callers_ids=not self._config.randomize_request_ids)
+        return new_generate_stream(self._engine, self._metrics, self._inflight, engine_request,
+                                   callers_ids=not self._config.randomize_request_ids)
 
     async def abort(self, request_ids: Sequence[str] = ()) -> None:
         """Abort every live request with one of these external ids (all requests if empty).
 
         Each aborted stream ends with one output whose finish reason is ABORT and no tokens.
+        Returns once the ABORT frames were handed to ZeroMQ.
+
+        Raises:
+            ClientUnhealthyError: the client's sticky health error (e.g.
+                :class:`EngineDeadError`, :class:`ClientClosedError`).
         """
         if request_ids:
             internal = self._inflight.resolve(request_ids)

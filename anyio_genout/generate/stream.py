@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, final
 
 import anyio
 
@@ -38,11 +38,16 @@ from .stop_sequences import StopSequenceMatcher
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["GenerateStream"]
+__all__ = ["GenerateStream", "new_generate_stream"]
 
 logger = logging.getLogger("anyio_genout.generate")
 
 
+#: Passed by :func:`new_generate_stream` only: the class has no public constructor.
+_MADE_HERE: Final = object()
+
+
+@final
 class GenerateStream:
     """A request in flight: an async context manager and an async iterator of outputs.
 
@@ -59,10 +64,14 @@ class GenerateStream:
                  "_raw", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
-                 engine_request: EngineCoreRequest, *, callers_ids: bool) -> None:
-        """Made by :meth:`Client.generate`. ``callers_ids``: the engine knows the request
-        by the caller's own id (``randomize_request_ids=False``), so an aborted id is
-        refused for a while (:class:`AbortedIds`)."""
+                 engine_request: EngineCoreRequest, *, callers_ids: bool,
+                 _made_by: object = None) -> None:
+        """Made by :meth:`Client.generate` (there is no public constructor). ``callers_ids``:
+        the engine knows the request by the caller's own id (``randomize_request_ids=False``),
+        so an aborted id is refused for a while (:class:`AbortedIds`)."""
+        if _made_by is not _MADE_HERE:
+            raise TypeError("GenerateStream has no public constructor: use "
+                            "`async with client.generate(request) as stream`")
         self._engine = engine
         self._metrics = metrics
         self._inflight = inflight
@@ -84,6 +93,13 @@ class GenerateStream:
     # ------------------------------------------------------------------ scope
 
     async def __aenter__(self) -> Self:
+        """Validate and send the request (see the class docstring for what it raises).
+
+        Raises:
+            InvalidRequestError, DuplicateRequestIdError: nothing was sent.
+            ClientUnhealthyError: the client's sticky health error.
+            RuntimeError: the stream was entered before.
+        """
         if self._entered:
             raise RuntimeError("a GenerateStream can be entered only once")
         self._entered = True
@@ -170,6 +186,11 @@ class GenerateStream:
 
     @property
     def engine_index(self) -> int:
+        """The data-parallel rank of the engine running the request.
+
+        Raises:
+            RuntimeError: the stream has not been entered.
+        """
         if self._raw is None:
             raise RuntimeError("the stream has not been entered")
         return self._raw.engine_index
@@ -180,6 +201,15 @@ class GenerateStream:
         return self
 
     async def __anext__(self) -> GenerateOutput:
+        """The next output; after the terminal one (or after an error), StopAsyncIteration.
+
+        Raises:
+            ClientUnhealthyError: once, when the client became unhealthy mid-stream.
+            RequestFailedError: once, when only this request failed (e.g.
+                :class:`SamplingMaskMismatchError`, :class:`RequestStreamClosedError`).
+            anyio.BusyResourceError: another task is waiting on this stream.
+            RuntimeError: the stream has not been entered.
+        """
         raw = self._raw
         if raw is None:
             raise RuntimeError("use `async with client.generate(...) as stream` first")
@@ -248,5 +278,18 @@ class GenerateStream:
         return result
 
     async def collect_output(self) -> CollectedGenerateOutput:
-        """Gather the rest of this stream (see :func:`collect_output`)."""
+        """Gather the rest of this stream (see :func:`collect_output`).
+
+        Raises:
+            IncompleteStreamError: the outputs ended without a terminal one.
+            OperationalError: what :meth:`__anext__` raises.
+        """
         return await collect_output(self)
+
+
+def new_generate_stream(engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
+                        engine_request: EngineCoreRequest, *,
+                        callers_ids: bool) -> GenerateStream:
+    """:meth:`Client.generate`'s way to make a stream (package-internal)."""
+    return GenerateStream(engine, metrics, inflight, engine_request, callers_ids=callers_ids,
+                          _made_by=_MADE_HERE)
