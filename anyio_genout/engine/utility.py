@@ -3,6 +3,13 @@
 Each wrapper fans out to every engine; results are combined the way vLLM's own client does:
 consensus (every engine must agree, else :class:`InconsistentUtilityResultsError`), AND, or
 flattened in engine order.
+
+Every wrapper raises what :meth:`EngineCoreClient.call_utility` raises:
+:class:`~anyio_genout.UtilityCallError` when an engine's method failed (after every engine
+answered), and the client's sticky :class:`~anyio_genout.ClientUnhealthyError` (an engine
+died, the client closed) at once or while waiting; the consensus wrappers
+(``get_supported_tasks``, ``is_sleeping``, ``is_scheduler_paused``) also raise
+:class:`~anyio_genout.InconsistentUtilityResultsError` when the engines disagree.
 """
 
 from __future__ import annotations

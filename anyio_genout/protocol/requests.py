@@ -89,6 +89,10 @@ class EngineCoreRequest:
 
     ``prompt_token_ids`` may be any sequence of ints, or a 1-d numpy integer array (converted
     once, to Python ints); numpy integer scalars in a sequence are accepted too.
+    :meth:`validate` runs the one request validation (the engine client calls it).
+
+    Raises:
+        InvalidRequestError: ``prompt_token_ids`` is not a sequence of ints.
     """
 
     request_id: str

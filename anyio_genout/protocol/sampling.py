@@ -100,6 +100,13 @@ class SamplingParams:
     model's end-of-sequence token: set it (or let the client fill it in from its config) so
     the engine stops on EOS, unless ``ignore_eos`` is true. ``stop_token_sequences`` are
     multi-token stop conditions matched by the client across engine steps.
+
+    Construction only converts; :meth:`validate` (run by the engine client before anything
+    is sent) checks every field against vLLM's rules.
+
+    Raises:
+        InvalidRequestError: a token-id field (``stop_token_ids``, ``allowed_token_ids``,
+            ``stop_token_sequences``, ...) is not a sequence of ints.
     """
 
     n: int = 1
