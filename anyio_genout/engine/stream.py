@@ -161,6 +161,19 @@ class EngineCoreOutputStream:
         assert output is not None  # the wait ended with an output, the error or the end
         return output
 
+    def receive_buffered_output(self) -> EngineCoreOutput | None:
+        """:meth:`receive_output` without the coroutine, when it would not suspend: the next
+        buffered output, or None when :meth:`receive_output` must be awaited instead
+        (nothing buffered, the stream ended, or its checkpoint is due). One token's fast
+        path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
+        if self._state is not StreamState.RUNNING or not self._box.items:
+            return None
+        count = self._since_checkpoint + 1
+        if count >= CHECKPOINT_EVERY:
+            return None
+        self._since_checkpoint = count
+        return self.receive_output_nowait()
+
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")
         error.args = (f"another task is already iterating the stream of request "

@@ -216,7 +216,11 @@ class GenerateStream:
         if self._done and not raw.terminated:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        output = await raw.receive_output()  # its checkpoint rule is the engine stream's
+        # A buffered output without a coroutine round trip (once per token); else await it.
+        # The checkpoint rule is the engine stream's either way.
+        output = raw.receive_buffered_output()
+        if output is None:
+            output = await raw.receive_output()
         tracker = self._tracker
         assert tracker is not None
         # One unpacking instead of a field lookup per use (this runs once per token).
