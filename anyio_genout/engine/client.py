@@ -32,7 +32,7 @@ import attrs
 
 from ..errors import (
     ClientClosedError,
-    OperationalError,
+    ClientUnhealthyError,
 )
 from ..protocol import (
     EngineCoreFinishReason,
@@ -82,7 +82,7 @@ class EngineCoreClient(UtilityCalls):
         self._input = EngineInput(sockets.input, self._identities, self.fail)
         self._send_input = self._input.send
         self._registry = RequestRegistry(self._ranks)
-        self._error: OperationalError | None = None
+        self._error: ClientUnhealthyError | None = None
         self._calls = PendingCalls(config.client_index, self._send_input,
                                    self._raise_if_unhealthy)
         self._aborts = AbortQueue(self._send_input, lambda: self._error is None)
@@ -159,7 +159,7 @@ class EngineCoreClient(UtilityCalls):
         return self._error is None
 
     @property
-    def health_error(self) -> OperationalError | None:
+    def health_error(self) -> ClientUnhealthyError | None:
         """The first error that made the client unhealthy (sticky), or None."""
         return self._error
 
@@ -365,7 +365,7 @@ class EngineCoreClient(UtilityCalls):
 
     # ------------------------------------------------------------------ health
 
-    def fail(self, error: OperationalError) -> None:
+    def fail(self, error: ClientUnhealthyError) -> None:
         """Mark the client unhealthy with ``error`` (the first error sticks).
 
         Every open stream receives the error once, every waiting utility call fails with it,

@@ -16,7 +16,7 @@ from typing import Any, Final
 import anyio
 import anyio.lowlevel
 
-from ..errors import ClientClosedError, OperationalError, TransportError
+from ..errors import ClientClosedError, ClientUnhealthyError, TransportError
 from ..transport import ZmqSocket
 from .outbox import Outbox
 
@@ -36,7 +36,7 @@ class EngineInput:
     __slots__ = ("_fail", "_identities", "_outbox", "_socket", "junk")
 
     def __init__(self, socket: ZmqSocket, identities: dict[int, bytes],
-                 fail: Callable[[OperationalError], None]) -> None:
+                 fail: Callable[[ClientUnhealthyError], None]) -> None:
         self._socket = socket
         self._outbox = Outbox(socket)
         self._identities = identities

@@ -18,7 +18,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ..errors import EngineDeadError, OperationalError, ProtocolError, TransportError
+from ..errors import (
+    ClientUnhealthyError,
+    EngineDeadError,
+    ProtocolError,
+    TransportError,
+)
 from ..protocol import (
     DpControl,
     EngineCoreOutput,
@@ -53,7 +58,7 @@ class OutputReader:
     """The output socket's reader and what it hands outputs, replies and statistics to."""
 
     def __init__(self, socket: ZmqSocket, registry: RequestRegistry, calls: PendingCalls,
-                 watch: EngineWatch, fail: Callable[[OperationalError], None]) -> None:
+                 watch: EngineWatch, fail: Callable[[ClientUnhealthyError], None]) -> None:
         self._socket = socket
         self._registry = registry
         self._calls = calls

@@ -24,7 +24,13 @@ import anyio
 import attrs
 import zmq
 
-from ..errors import EngineDeadError, OperationalError, ProtocolError, UtilityCallError
+from ..errors import (
+    ClientUnhealthyError,
+    EngineDeadError,
+    OperationalError,
+    ProtocolError,
+    UtilityCallError,
+)
 from ..transport import MonitorEvent, TransportError, ZmqSocket
 from .config import EngineCoreClientConfig
 from .utility_calls import PendingCalls
@@ -43,7 +49,7 @@ class EngineWatch:
 
     def __init__(self, config: EngineCoreClientConfig, ranks: Sequence[int],
                  monitors: dict[str, ZmqSocket], calls: PendingCalls,
-                 fail: Callable[[OperationalError], None], healthy: Callable[[], bool],
+                 fail: Callable[[ClientUnhealthyError], None], healthy: Callable[[], bool],
                  open_requests: Callable[[], int]) -> None:
         """``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors; ``fail``
         makes the client unhealthy, ``healthy()`` tells whether it still is,
