@@ -187,3 +187,21 @@ class InconsistentUtilityResultsError(OperationalError):
         super().__init__(f"engines disagree on {method!r}: {results!r}")
         self.method = method
         self.results = results
+
+
+def keyboard_interrupt_in(group: BaseExceptionGroup[BaseException]
+                          ) -> KeyboardInterrupt | None:
+    """The first :class:`KeyboardInterrupt` in ``group`` (nested groups too), or None.
+
+    On trio a Ctrl-C is raised in whichever task is running, so a background task of ours
+    can end with it and its task group then raises it in a group: re-raise this one instead
+    (``raise interrupt from None``), as a plain Ctrl-C should be.
+    """
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = keyboard_interrupt_in(exc)
+            if found is not None:
+                return found
+        elif isinstance(exc, KeyboardInterrupt):
+            return exc
+    return None

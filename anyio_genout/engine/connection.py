@@ -18,10 +18,11 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
+from ..errors import keyboard_interrupt_in
 from ..protocol import EngineCoreReadyResponse
 from ..transport import new_context
 from .config import EngineCoreClientConfig
-from .handshake import BoundSockets, bind_sockets, keyboard_interrupt_in, run_handshake
+from .handshake import BoundSockets, bind_sockets, run_handshake
 
 __all__ = ["ConnectedClient", "Connection"]
 

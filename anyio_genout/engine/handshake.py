@@ -38,6 +38,7 @@ from ..errors import (
     HandshakeError,
     HandshakeTimeoutError,
     ProtocolError,
+    keyboard_interrupt_in,
 )
 from ..protocol import (
     ENGINE_CORE_DEAD,
@@ -53,7 +54,7 @@ from ..protocol import (
 from ..transport import ZmqSocket, bind_address
 from .config import EngineCoreClientConfig
 
-__all__ = ["BoundSockets", "bind_sockets", "keyboard_interrupt_in", "run_handshake"]
+__all__ = ["BoundSockets", "bind_sockets", "run_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
 T = TypeVar("T")
@@ -334,22 +335,7 @@ async def _leave(tg: anyio.abc.TaskGroup) -> None:
         raise interrupt from None
 
 
-def keyboard_interrupt_in(group: BaseExceptionGroup[BaseException]
-                          ) -> KeyboardInterrupt | None:
-    """The first :class:`KeyboardInterrupt` in ``group`` (nested groups too), or None.
 
-    On trio a Ctrl-C is raised in whichever task is running, so a background task of ours
-    can end with it and its task group then raises it in a group: re-raise this one instead
-    (``raise interrupt from None``), as a plain Ctrl-C should be.
-    """
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = keyboard_interrupt_in(exc)
-            if found is not None:
-                return found
-        elif isinstance(exc, KeyboardInterrupt):
-            return exc
-    return None
 
 
 def _engines(ranks: list[int]) -> str:

@@ -11,7 +11,7 @@ import attrs
 from prometheus_client import CollectorRegistry
 
 from ..engine import EngineCoreClient, EngineCoreClientConfig
-from ..engine.handshake import keyboard_interrupt_in
+from ..errors import keyboard_interrupt_in
 from ..metrics import Metrics, log_stats_periodically
 from .inflight import InflightRequests
 from .request import GenerateRequest, internal_request_id
