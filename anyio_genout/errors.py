@@ -25,6 +25,8 @@ This module imports nothing but the standard library, so the sans-IO protocol co
 from __future__ import annotations
 
 __all__ = [
+    "ChatTemplateError",
+    "ModelFolderError",
     "ClientClosedError",
     "ClientUnhealthyError",
     "DuplicateRequestIdError",
@@ -92,6 +94,25 @@ class DuplicateRequestIdError(UsageError):
     def __init__(self, request_id: str) -> None:
         super().__init__(f"request id {request_id!r} is already in flight")
         self.request_id = request_id
+
+
+class ModelFolderError(UsageError):
+    """A model folder cannot be used for text: a file is missing or malformed.
+
+    The message names the folder and the file (and, for a malformed file, what is wrong).
+    """
+
+
+class ChatTemplateError(UsageError):
+    """A chat template failed to parse or raised while rendering the messages.
+
+    The message names the template line where it failed (``line`` is that number, or None
+    if the template engine did not say), and the template's own message if it raised one.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class ProtocolError(ClientUnhealthyError):
