@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +51,6 @@ CHAT_TEMPLATE = """{{ bos_token }}
 
 def train(corpus: str) -> str:
     """The trained tokenizer as ``tokenizer.json`` text."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the same merges every run
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
