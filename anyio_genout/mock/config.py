@@ -8,6 +8,7 @@ its input and output addresses directly (``input_address`` + ``output_addresses`
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,6 +62,15 @@ class MockFaults:
     abort_on_shutdown: bool = False
 
 
+def _corpus(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(operator.index(t) for t in value)
+    except TypeError:
+        raise ValueError("corpus_token_ids must be a sequence of integers") from None
+
+
 def _addresses(value: str | Iterable[str]) -> tuple[str, ...]:
     if isinstance(value, str):
         return (value,)
@@ -89,6 +99,9 @@ class MockEngineConfig:
     * ``enable_prefix_caching``: report cached prompt prefixes in whole blocks of
       :data:`BLOCK_SIZE` tokens (``num_cached_tokens`` in prefill stats).
     * ``seed``: seeds unseeded random sampling (greedy and seeded requests ignore it).
+    * ``corpus_token_ids``: corpus mode (see :mod:`.tokens`): generated tokens continue this
+      token sequence (a text encoded with the tokenizer of the front end) from a place the
+      request's stream key chooses, so a detokenizing front end shows readable text.
 
     Wire: ``vllm_version`` (reported in the ready response), ``output_fields`` (18 = the
     0.32 ``EngineCoreOutput`` layout, 19 = 0.33), ``log_stats`` (scheduler stats on every
@@ -108,8 +121,8 @@ class MockEngineConfig:
 
     Raises :class:`ValueError` when built with neither mode's addresses or both, a negative
     value, a count or size below 1, a ``rank`` beyond 2 bytes, ``output_fields`` other than
-    18 or 19, an ``eos_token_id`` not below ``vocab_size``, or an ``eos_probability``
-    outside [0, 1].
+    18 or 19, an ``eos_token_id`` not below ``vocab_size``, an ``eos_probability``
+    outside [0, 1], or ``corpus_token_ids`` that are empty or not all in ``[0, vocab_size)``.
     """
 
     rank: int = attrs.field(default=0, validator=_non_negative)
@@ -132,6 +145,8 @@ class MockEngineConfig:
     num_gpu_blocks: int | None = attrs.field(default=None, validator=_positive)
     dtype: str = "bfloat16"
     seed: int = 0
+    corpus_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_corpus,
+                                                           repr=False)
     keep_history: bool = True
     handshake_timeout: float = attrs.field(default=300.0, validator=_non_negative)
     until_client_leaves: bool = False
@@ -156,6 +171,11 @@ class MockEngineConfig:
             raise ValueError("eos_token_id must be below vocab_size")
         if not 0.0 <= self.eos_probability <= 1.0:
             raise ValueError("eos_probability must be in [0, 1]")
+        corpus = self.corpus_token_ids
+        if corpus is not None and (not corpus or min(corpus) < 0
+                                   or max(corpus) >= self.vocab_size):
+            raise ValueError("corpus_token_ids must be a non-empty sequence of token ids in "
+                             f"[0, vocab_size={self.vocab_size})")
 
     @property
     def identity(self) -> bytes:

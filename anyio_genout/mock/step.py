@@ -24,7 +24,7 @@ from ..protocol.logprobs import encode_logprobs
 from .config import MockEngineConfig
 from .request import Request, check_stop, set_plain
 from .scheduler import Pause, Scheduler
-from .tokens import fake_logprobs, fake_prompt_logprobs, generate
+from .tokens import corpus_array, fake_logprobs, fake_prompt_logprobs, generate
 from .wire import OutputWriter, array_header, pack
 
 __all__ = ["Stepper"]
@@ -49,6 +49,8 @@ class Stepper:
         self._scheduler = scheduler
         self._writer = writer
         self._tokb = writer.token_bytes
+        corpus = config.corpus_token_ids
+        self._corpus = None if corpus is None else corpus_array(corpus)
 
     # ------------------------------------------------------------------ the step
 
@@ -174,7 +176,7 @@ class Stepper:
             r.key, start, count, cfg.vocab_size,
             avoid=r.all_stop if r.min_tokens else (), avoid_before=r.min_tokens,
             allowed=r.allowed, eos_token_id=cfg.eos_token_id,
-            eos_probability=cfg.eos_probability,
+            eos_probability=cfg.eos_probability, corpus=self._corpus,
         )
         r.buf_start = start
         r.buf_end = start + len(r.buf)

@@ -8,6 +8,14 @@ mixed with SplitMix64 and reduced modulo the vocabulary:
 * seeded sampling: the key depends on the prompt and the request's ``seed``;
 * unseeded sampling: the key also depends on the engine seed and the request id.
 
+In *corpus mode* (``corpus``: a sequence of token ids, e.g. a text encoded with a tokenizer)
+the stream is a stretch of the corpus instead: the token at output position ``p`` is
+``corpus[(key mod len(corpus) + p) mod len(corpus)]``, so a greedy request continues the same
+place of the corpus for the same prompt, and the tokens decode to readable text. Everything
+else holds as without a corpus: the three kinds of keys, ``allowed`` (which then wins over
+the corpus), the EOS draws, and the redraws ``min_tokens`` makes (from the corpus, at a
+position drawn from the key).
+
 :func:`greedy_tokens` and :func:`sampled_tokens` predict what the mock will emit (before stop
 conditions and ``min_tokens`` are applied), so tests can choose stop tokens that will occur.
 """
@@ -24,6 +32,7 @@ from ..protocol import Logprobs
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "corpus_array",
     "fake_logprobs",
     "fake_prompt_logprobs",
     "generate",
@@ -88,24 +97,38 @@ def stream_key(prompt: Sequence[int], *, greedy: bool, seed: int | None = None,
     return _digest(b"random", body, str(engine_seed).encode(), request_id.encode())
 
 
+def corpus_array(corpus: Sequence[int] | np.ndarray[Any, Any]
+                 ) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """``corpus`` as the array :func:`generate` takes (convert once, pass it every time)."""
+    return np.asarray(corpus, dtype=np.uint64)
+
+
 def generate(key: int, start: int, count: int, vocab_size: int, *,
              avoid: Collection[int] = (), avoid_before: int = 0,
              allowed: Sequence[int] | None = None, eos_token_id: int | None = None,
-             eos_probability: float = 0.0) -> list[int]:
+             eos_probability: float = 0.0,
+             corpus: Sequence[int] | np.ndarray[Any, Any] | None = None) -> list[int]:
     """Tokens at output positions ``start .. start+count-1`` of stream ``key``.
 
     ``allowed`` restricts the choice (vLLM's ``allowed_token_ids``). Tokens in ``avoid`` are
     redrawn at positions before ``avoid_before`` (``min_tokens`` holding back stop tokens). A
     model EOS token, if given, replaces a position's token with probability
-    ``eos_probability``.
+    ``eos_probability``. A non-empty ``corpus`` (see the module docstring; an array from
+    :func:`corpus_array` saves a conversion per call) is continued instead of drawing tokens
+    from the whole vocabulary.
     """
     if count <= 0:
         return []
     positions = np.arange(start, start + count, dtype=np.uint64)
     h = _hashes(key, positions)
+    table_c = None
     if allowed is not None:
         table = np.asarray(allowed, dtype=np.uint64)
         tokens = table[h % np.uint64(len(table))]
+    elif corpus is not None and len(corpus):
+        table_c = corpus_array(corpus)  # no copy for an array from corpus_array
+        size = np.uint64(len(table_c))
+        tokens = table_c[(np.uint64(key % len(table_c)) + positions % size) % size]
     else:
         tokens = h % np.uint64(vocab_size)
     if eos_token_id is not None and eos_probability > 0.0:
@@ -119,21 +142,29 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
             while out[i] in avoid and attempt <= _MAX_REDRAWS:
                 pos = np.asarray([start + i], dtype=np.uint64)
                 value = int(_hashes(key, pos, attempt)[0])
-                out[i] = (int(allowed[value % len(allowed)]) if allowed is not None
-                          else value % vocab_size)
+                if allowed is not None:
+                    out[i] = int(allowed[value % len(allowed)])
+                elif table_c is not None:
+                    out[i] = int(table_c[value % len(table_c)])
+                else:
+                    out[i] = value % vocab_size
                 attempt += 1
     return out
 
 
-def greedy_tokens(prompt: Sequence[int], count: int, vocab_size: int = 32000) -> list[int]:
-    """What the mock generates for a greedy request on ``prompt`` (no stops applied)."""
-    return generate(stream_key(prompt, greedy=True), 0, count, vocab_size)
+def greedy_tokens(prompt: Sequence[int], count: int, vocab_size: int = 32000, *,
+                  corpus: Sequence[int] | None = None) -> list[int]:
+    """What the mock generates for a greedy request on ``prompt`` (no stops applied); pass
+    the engine's ``corpus_token_ids`` as ``corpus`` for a mock in corpus mode."""
+    return generate(stream_key(prompt, greedy=True), 0, count, vocab_size, corpus=corpus)
 
 
 def sampled_tokens(prompt: Sequence[int], count: int, seed: int,
-                   vocab_size: int = 32000) -> list[int]:
+                   vocab_size: int = 32000, *,
+                   corpus: Sequence[int] | None = None) -> list[int]:
     """What the mock generates for a seeded sampling request (no stops applied)."""
-    return generate(stream_key(prompt, greedy=False, seed=seed), 0, count, vocab_size)
+    return generate(stream_key(prompt, greedy=False, seed=seed), 0, count, vocab_size,
+                    corpus=corpus)
 
 
 def _stride(vocab_size: int) -> int:
