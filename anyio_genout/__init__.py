@@ -49,7 +49,7 @@ from .generate import (
     collect_output,
 )
 from .metrics import Metrics
-from .protocol import EngineCoreRequest, LoRARequest, SamplingParams
+from .protocol import EngineCoreRequest, LoRARequest, SamplingParams, StructuredOutputsParams
 
 __all__ = [
     "AbortCause",
@@ -89,6 +89,7 @@ __all__ = [
     "RequestStreamClosedError",
     "SamplingMaskMismatchError",
     "SamplingParams",
+    "StructuredOutputsParams",
     "UnsupportedVersionError",
     "UsageError",
     "UtilityCallError",

@@ -6,7 +6,8 @@ zmq: the I/O shell lives in :mod:`anyio_genout.transport` and :mod:`anyio_genout
 
 Modules: :mod:`.arrays` (numeric arrays and aux frames), :mod:`.packing` (msgpack),
 :mod:`.validation` (the field checks of the client's request validation), :mod:`.sampling`
-(SamplingParams, its validation and wire map), :mod:`.requests` (the request types and
+(SamplingParams, its validation and wire map), :mod:`.structured_outputs` (its
+structured-output constraint), :mod:`.requests` (the request types and
 ADD/ABORT/UTILITY encoding), :mod:`.request_decode` (the engine side's strict decoding),
 :mod:`.outputs` (the EngineCoreOutputs types), :mod:`.output_decode` and :mod:`.output_encode`
 (its two directions), :mod:`.logprobs`, :mod:`.handshake`.
@@ -62,6 +63,7 @@ from .requests import (
     encode_utility,
 )
 from .sampling import SamplingParams
+from .structured_outputs import StructuredOutputsParams
 
 __all__ = [
     "ENGINE_CORE_DEAD", "FINISH_REASON_LABELS", "INLINE_THRESHOLD", "SUPPORTED_VERSIONS",
@@ -70,7 +72,8 @@ __all__ = [
     "EngineCoreOutputs", "EngineCoreReadyResponse", "EngineCoreRequest", "EngineDead",
     "EngineStatus", "HandshakeAddresses", "LoRARequest", "LogprobEntry", "LogprobPosition",
     "Logprobs", "PrefillStats", "RequestBatch", "RequestError", "RequestType",
-    "SamplingMask", "SamplingParams", "SchedulerStats", "StatusMessage", "UtilityOutput",
+    "SamplingMask", "SamplingParams", "SchedulerStats", "StatusMessage",
+    "StructuredOutputsParams", "UtilityOutput",
     "UtilityReply", "UtilityRequest", "check_version", "decode_array", "decode_init",
     "decode_batch_or_other", "decode_outputs", "decode_ready_response", "decode_request",
     "decode_status", "encode_abort", "encode_add", "encode_array", "encode_init",

@@ -2,9 +2,10 @@
 
 The mock engine decodes every input message with :func:`decode_request`. It refuses exactly
 what kills a real engine's input thread: the types vLLM 0.32's msgspec decoder enforces on
-``EngineCoreRequest``, its ``SamplingParams`` and ``LoRARequest``, and the checks their
-``__post_init__`` runs. It is not the client's validation (:mod:`.validation`), which is
-stricter (the front end's checks, and what would fail the engine later).
+``EngineCoreRequest``, its ``SamplingParams`` (with ``StructuredOutputsParams``) and
+``LoRARequest``, and the checks their ``__post_init__`` runs. It is not the client's
+validation (:mod:`.validation`), which is stricter (the front end's checks, and what would
+fail the engine later).
 """
 
 from __future__ import annotations
@@ -148,7 +149,28 @@ _SAMPLING_TYPES: Final[dict[str, tuple[Callable[[object], bool], str]]] = {
         "[[int]] or nil",
     ),
     "skip_reading_prefix_cache": (_optional(_is_bool), "bool or nil"),
+    "structured_outputs": (
+        lambda v: v is None or (type(v) is dict and all(type(k) is str for k in v)),
+        "a map with str keys or nil",
+    ),
 }
+
+# vLLM 0.32's StructuredOutputsParams, a dataclass msgspec decodes from a map (missing keys
+# take their defaults, unknown ones are ignored) before its __post_init__ runs.
+_STRUCTURED_TYPES: Final[dict[str, tuple[Callable[[object], bool], str]]] = {
+    "json": (lambda v: v is None or type(v) is str or type(v) is dict, "str, map or nil"),
+    "regex": (_optional(_is_str), "str or nil"),
+    "choice": (_optional(_is_str_list), "[str] or nil"),
+    "grammar": (_optional(_is_str), "str or nil"),
+    "json_object": (_optional(_is_bool), "bool or nil"),
+    "disable_any_whitespace": (_is_bool, "bool"),
+    "disable_additional_properties": (_is_bool, "bool"),
+    "whitespace_pattern": (_optional(_is_str), "str or nil"),
+    "structural_tag": (_optional(_is_str), "str or nil"),
+    "_backend": (_optional(_is_str), "str or nil"),
+    "_backend_was_auto": (_is_bool, "bool"),
+}
+_CONSTRAINTS: Final = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 #: Fields 9..21 of EngineCoreRequest (all have defaults): index -> (check, description).
 _OPTIONAL_FIELDS: Final[dict[int, tuple[Callable[[object], bool], str]]] = {
@@ -196,6 +218,9 @@ def _decode_add(payload: object) -> AddRequest:
         if rule is not None and not rule[0](value):
             raise ProtocolError(f"{where}.sampling_params.{key}: expected {rule[1]}, got "
                                 f"{describe(value)}")
+    structured = sampling.get("structured_outputs")
+    if structured is not None:
+        _verify_structured(structured, f"{where}.sampling_params.structured_outputs")
     if type(arrival) is not float and type(arrival) is not int:
         raise ProtocolError(f"{where}.arrival_time: expected a number, got {describe(arrival)}")
     if dp_rank is not None and type(dp_rank) is not int:
@@ -229,6 +254,20 @@ def _decode_add(payload: object) -> AddRequest:
         external_req_id=fields[16],
     )
     return AddRequest(request, sampling)
+
+
+def _verify_structured(wire: Mapping[str, Any], where: str) -> None:
+    """msgspec's types for vLLM's StructuredOutputsParams, then its ``__post_init__``: exactly
+    one constraint. The rest (an empty choice list, a schema that is no JSON Schema, no
+    ``_backend``) the engine decodes, then fails only that request."""
+    for key, value in wire.items():
+        rule = _STRUCTURED_TYPES.get(key)
+        if rule is not None and not rule[0](value):
+            raise ProtocolError(f"{where}.{key}: expected {rule[1]}, got {describe(value)}")
+    kinds = [kind for kind in _CONSTRAINTS if wire.get(kind) is not None]
+    if len(kinds) != 1:
+        raise ProtocolError(f"{where}: exactly one kind of structured outputs constraint must "
+                            f"be set, got {len(kinds)}: {', '.join(kinds) or 'none'}")
 
 
 def _unpack_request(data: bytes, what: str) -> Any:

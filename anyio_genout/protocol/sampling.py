@@ -20,6 +20,7 @@ import attrs
 import numpy as np
 
 from ..errors import InvalidRequestError
+from .structured_outputs import StructuredOutputsParams, memoizable
 from .validation import (
     INT64_MIN,
     UINT64_MAX,
@@ -135,9 +136,11 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_token_list)
     skip_reading_prefix_cache: bool | None = None
     extra_args: Mapping[str, Any] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # Memo of the last successful validate() and of the wire map (the instance is frozen, so
     # both stay true; batch jobs reuse one SamplingParams for many requests). Not kept when a
-    # mutable mapping (logit_bias, extra_args) is set, since its contents could change.
+    # mutable mapping (logit_bias, extra_args, a structured_outputs.json schema) is set, since
+    # its contents could change.
     _validated_for: tuple[int | None, int | None] | None = attrs.field(
         default=None, init=False, eq=False, repr=False)
     _wire_memo: tuple[int | None, dict[str, Any]] | None = attrs.field(
@@ -168,7 +171,8 @@ class SamplingParams:
         if self._validated_for == key:
             return
         self._validate(vocab_size, max_logprobs)
-        if self.logit_bias is None and self.extra_args is None:
+        if self.logit_bias is None and self.extra_args is None and memoizable(
+                self.structured_outputs):
             object.__setattr__(self, "_validated_for", key)
 
     def _validate(self, vocab_size: int | None, max_logprobs: int | None) -> None:
@@ -241,6 +245,11 @@ class SamplingParams:
             raise InvalidRequestError("skip_reading_prefix_cache", "must be a bool or None")
         if self.extra_args is not None:
             check_extra_args(self.extra_args)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise InvalidRequestError("structured_outputs", "must be a "
+                                          "StructuredOutputsParams or None")
+            self.structured_outputs.validate()
 
     def wire_for_request(self, max_tokens: int | None) -> dict[str, Any]:
         """:meth:`to_wire`, memoised per ``max_tokens``; the result must not be mutated."""
@@ -248,7 +257,8 @@ class SamplingParams:
         if memo is not None and memo[0] == max_tokens:
             return memo[1]
         wire = self.to_wire(max_tokens=max_tokens)
-        if self.logit_bias is None and self.extra_args is None:
+        if self.logit_bias is None and self.extra_args is None and memoizable(
+                self.structured_outputs):
             object.__setattr__(self, "_wire_memo", (max_tokens, wire))
         return wire
 
@@ -300,6 +310,8 @@ class SamplingParams:
             all_stop[self.eos_token_id] = None
         if all_stop:
             wire["_all_stop_token_ids"] = list(all_stop)
+        if self.structured_outputs is not None:
+            wire["structured_outputs"] = self.structured_outputs.to_wire()
         if self.logit_bias:
             wire["logit_bias"] = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.allowed_token_ids is not None:
@@ -319,6 +331,7 @@ class SamplingParams:
     def from_wire(cls, wire: Mapping[str, Any]) -> SamplingParams:
         """Rebuild from a wire map (engine side; unknown keys ignored as vLLM does)."""
         bad = wire.get("_bad_words_token_ids")
+        structured = wire.get("structured_outputs")
         return cls(
             n=wire.get("n", 1),
             presence_penalty=wire.get("presence_penalty", 0.0),
@@ -341,6 +354,8 @@ class SamplingParams:
             allowed_token_ids=wire.get("allowed_token_ids"),
             skip_reading_prefix_cache=wire.get("skip_reading_prefix_cache"),
             extra_args=wire.get("extra_args"),
+            structured_outputs=None if structured is None
+            else StructuredOutputsParams.from_wire(structured),
         )
 
     @property
