@@ -24,6 +24,7 @@ not installed exits with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -82,6 +83,9 @@ def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
                        help="K > 0: each step emits 1 to 1+K tokens per request")
     model.add_argument("--seed", type=int, default=0,
                        help="seed of unseeded random sampling")
+    model.add_argument("--corpus-token-ids", default=None, metavar="FILE",
+                       help="corpus mode: generated tokens continue this JSON list of token "
+                            "ids (an encoded text) (default: none, hashed ids)")
     model.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=True,
                        help="report cached prompt prefixes in the prefill stats")
@@ -127,6 +131,20 @@ def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     return parser
 
 
+def _corpus_file(path: str | None) -> list[int] | None:
+    """The token ids of ``--corpus-token-ids``; raises :class:`ValueError` naming it."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            ids = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--corpus-token-ids: cannot read {path}: {exc}") from None
+    if not isinstance(ids, list) or not all(type(t) is int for t in ids):
+        raise ValueError(f"--corpus-token-ids: {path} is not a JSON list of token ids")
+    return ids
+
+
 def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
     """The engine configuration; raises :class:`ValueError` naming a bad option."""
     return MockEngineConfig(
@@ -142,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         eos_token_id=args.eos_token_id,
         num_speculative_tokens=args.num_speculative_tokens,
         seed=args.seed,
+        corpus_token_ids=_corpus_file(args.corpus_token_ids),
         enable_prefix_caching=args.enable_prefix_caching,
         log_stats=args.log_stats,
         vllm_version=args.vllm_version,
