@@ -1,0 +1,242 @@
+"""One request's whole text state: detokenizer + stop strings + ``min_tokens`` (sans-IO).
+
+:class:`TextDecoder` takes each engine output's new token ids and returns a :class:`TextStep`:
+the text to emit now, how many of the ids to keep, the stop string that matched. The rules are
+vLLM 0.32's (``vllm/v1/engine/detokenizer.py``), with the detokenizer fixes of
+:mod:`.detokenizer`:
+
+* ``stop_terminated`` (the engine stopped on EOS or a stop token id): the last token is not
+  detokenized unless ``include_stop_str_in_output`` (it is still kept).
+* Stop strings are checked only once more than ``min_tokens`` tokens were generated, and only
+  in the text after the first ``min_tokens`` tokens (a match may start before it).
+* On a match the text is cut (:mod:`.stop_strings`), the ids after the one that completed the
+  match are dropped, and the decoder is finished.
+* Text held back for stop strings, and bytes still pending in the detokenizer, are sent when
+  the output is finished; the flushed bytes count as text of the update's last token.
+* ``detokenize=False``: no text and no stop strings (stop strings are refused, as vLLM does).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+from tokenizers import Tokenizer
+
+from ..errors import InvalidRequestError
+from .detokenizer import IncrementalDetokenizer
+from .stop_strings import StopStrings
+
+__all__ = ["TextDecoder", "TextStep"]
+
+
+@attrs.frozen
+class TextStep:
+    """What one update gives: ``text`` to emit now (after hold-back; the truncated rest on a
+    match), ``keep`` (how many of the update's ids to keep), the ``stop_string`` that matched.
+    """
+
+    text: str
+    keep: int
+    stop_string: str | None
+
+
+#: Steps of one token without a match, shared (they are immutable): building a frozen attrs
+#: instance costs about a third of a DecodeStream step.
+_ONE_TOKEN: dict[str, TextStep] = {}
+_ONE_TOKEN_MAX: Final = 16384
+
+
+def _one_token(text: str) -> TextStep:
+    step = _ONE_TOKEN.get(text)
+    if step is None:
+        step = TextStep(text, 1, None)
+        if len(_ONE_TOKEN) < _ONE_TOKEN_MAX:
+            _ONE_TOKEN[text] = step
+    return step
+
+
+_EMPTY_ONE: Final = TextStep("", 1, None)
+
+
+def _no_text(token_id: int) -> str:
+    return ""
+
+
+class TextDecoder:
+    """Detokenizer, stop strings and ``min_tokens`` of one request.
+
+    Raises InvalidRequestError("stop", ...) for an empty stop string, or for stop strings with
+    ``detokenize=False``; InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
+    """
+
+    __slots__ = ("_detok", "_done", "_fast", "_fast_stops", "_hold", "_min_tokens",
+                 "_num_tokens", "_overlap", "_pieces", "_recent", "_starts", "_step", "_stops",
+                 "_unsent")
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
+                 stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
+                 min_tokens: int = 0, skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True, detokenize: bool = True) -> None:
+        stops = StopStrings(stop, include_stop_str_in_output)
+        if stops.stops and not detokenize:
+            raise InvalidRequestError("stop", "stop strings need detokenize=True")
+        if min_tokens < 0:
+            raise InvalidRequestError("min_tokens", f"must be >= 0, got {min_tokens}")
+        self._detok = IncrementalDetokenizer(
+            tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        ) if detokenize else None
+        self._step = self._detok.step if self._detok is not None else _no_text
+        self._stops = stops if stops.stops else None
+        self._hold = stops.hold_back
+        self._overlap = max(stops.longest - 1, 0)
+        # Where each stop string's search starts once `_unsent` is `_hold` chars long.
+        self._starts = tuple((s, self._hold + 1 - len(s)) for s in stops.stops)
+        self._min_tokens = min_tokens
+        self._num_tokens = 0           # output tokens so far (kept only when there are stops)
+        self._pieces: list[str] = []   # the whole text, in pieces (joined when read)
+        self._unsent = ""              # held back: the text's last `_hold` chars at most
+        self._recent = ""              # the text's last `_overlap` chars (when included)
+        self._done = False
+        # One-token updates without a finish take a short path: no stops at all, or stops
+        # that are held back (not included).
+        self._fast = detokenize and self._stops is None
+        self._fast_stops = self._hold > 0
+
+    @property
+    def text(self) -> str:
+        """The whole output text so far (including what is held back)."""
+        pieces = self._pieces
+        if len(pieces) > 1:
+            pieces[:] = ["".join(pieces)]
+        return pieces[0] if pieces else ""
+
+    @property
+    def finished(self) -> bool:
+        """True after a finished update or a stop-string match."""
+        return self._done
+
+    def update(self, token_ids: Sequence[int], *, finished: bool,
+               stop_terminated: bool) -> TextStep:
+        """Take one engine output's new ids; ``stop_terminated`` is read only when finished.
+
+        Raises RuntimeError once the decoder is finished (after a match or a finished update).
+        """
+        if finished or len(token_ids) != 1:
+            return self._update(token_ids, finished, stop_terminated)
+        if self._fast:
+            piece = self._step(token_ids[0])
+            if piece:
+                self._pieces.append(piece)
+            step = _ONE_TOKEN.get(piece)
+            return step if step is not None else _one_token(piece)
+        if not self._fast_stops:
+            return self._update(token_ids, finished, stop_terminated)
+        piece = self._step(token_ids[0])
+        self._num_tokens += 1
+        if not piece:
+            return _EMPTY_ONE
+        self._pieces.append(piece)
+        held = self._unsent
+        window = held + piece
+        hold = self._hold
+        if self._num_tokens > self._min_tokens:
+            if len(held) == hold:
+                for stop, start in self._starts:
+                    if window.find(stop, start) >= 0:
+                        return self._matched(window, [0, len(piece)], 1)
+            elif self._stops.search(window, len(held)) is not None:  # type: ignore[union-attr]
+                return self._matched(window, [0, len(piece)], 1)
+        if len(window) > hold:
+            self._unsent = window[-hold:]
+            window = window[:-hold]
+            step = _ONE_TOKEN.get(window)
+            return step if step is not None else _one_token(window)
+        self._unsent = window
+        return _EMPTY_ONE
+
+    def _update(self, token_ids: Sequence[int], finished: bool,
+                stop_terminated: bool) -> TextStep:
+        """The general path: several (or no) ids, a finish, stops that are included."""
+        if self._done:
+            raise RuntimeError("the text decoder is finished: it takes no more outputs")
+        count = len(token_ids)
+        num_prev = self._num_tokens
+        self._num_tokens = num_prev + count
+        if finished:
+            self._done = True
+            self._fast = self._fast_stops = False
+        detok = self._detok
+        if detok is None:
+            return TextStep("", count, None)
+        stops = self._stops
+        skip_last = finished and stop_terminated and count > 0 and \
+            (stops is None or not stops.include_in_output)
+        offsets = [0]  # text length after each new token, from this update's start
+        pieces: list[str] = []
+        length = 0
+        for token_id in (token_ids[:-1] if skip_last else token_ids):
+            piece = detok.step(token_id)
+            if piece:
+                pieces.append(piece)
+                length += len(piece)
+            offsets.append(length)
+        if skip_last:
+            offsets.append(length)
+        if finished:
+            rest = detok.flush()
+            if rest:  # the flushed bytes count as text of the update's last token
+                pieces.append(rest)
+                length += len(rest)
+                if count:
+                    offsets[-1] = length
+                else:
+                    offsets.append(length)
+        new = "".join(pieces)
+        if new:
+            self._pieces.append(new)
+        if stops is None:
+            return _one_token(new) if count == 1 else TextStep(new, count, None)
+        include = stops.include_in_output
+        recent = self._recent if include else self._unsent
+        window = recent + new
+        if new and self._num_tokens > self._min_tokens:
+            first = offsets[max(self._min_tokens - num_prev, 0)]
+            if stops.search(window, len(recent) + first) is not None:
+                return self._matched(window, offsets, count, first)
+        if include:
+            self._recent = window[-self._overlap:] if self._overlap else ""
+            return TextStep(new, count, None)
+        hold = self._hold
+        if finished or len(window) <= hold or not hold:
+            self._unsent = "" if finished or not hold else window
+            out = window if finished or not hold else ""
+        else:
+            self._unsent = window[-hold:]
+            out = window[:-hold]
+        return _one_token(out) if count == 1 else TextStep(out, count, None)
+
+    def _matched(self, window: str, offsets: list[int], count: int, first: int = 0,
+                 ) -> TextStep:
+        """The step of a match in ``window`` (the unsent or recent text + this update's text,
+        with ``offsets`` per token from where this update's text starts)."""
+        stops = self._stops
+        assert stops is not None
+        include = stops.include_in_output
+        recent = self._recent if include else self._unsent
+        match = stops.search(window, len(recent) + first)
+        assert match is not None
+        self._done = True
+        self._fast = self._fast_stops = False
+        shift = len(recent)
+        keep = min(bisect_left(offsets, match.end - shift, lo=1), count)
+        cut = stops.cut(match)
+        dropped = len(window) - cut
+        if dropped:
+            text = self.text
+            self._pieces[:] = [text[:len(text) - dropped]]
+        self._unsent = self._recent = ""
+        return TextStep(window[shift if include else 0:cut], keep, match.stop)

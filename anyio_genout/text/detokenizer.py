@@ -1,0 +1,257 @@
+"""One request's token ids -> text, incrementally (sans-IO: no anyio, no zmq).
+
+:class:`IncrementalDetokenizer` wraps ``tokenizers.decoders.DecodeStream`` exactly as vLLM
+0.32's fast path does (seeded with the prompt ids, ``skip_special_tokens``, the raw added-token
+text of ``spaces_between_special_tokens=False``, a bad id giving no text, the restart after the
+library's "invalid prefix" error), and fixes the three places where vLLM's text is wrong.
+
+The guarantee. Let ``D(ids)`` be ``tokenizer.decode(ids, skip_special_tokens=...)``, ``P`` the
+prompt and ``O`` the output ids passed to :meth:`~IncrementalDetokenizer.step`. Then, for every
+way of splitting ``O`` into steps, the texts of all steps followed by
+:meth:`~IncrementalDetokenizer.flush` concatenate to ``D(P + O)[len(C):]``, where ``C`` is the
+longest common prefix of ``D(P)`` and ``D(P + O)``, as long as the library's decode never
+rewrites text it already produced (always for byte-level BPE; for byte-fallback tokenizers
+unless a run of byte tokens that spelled a character is continued into invalid UTF-8, which
+makes ``decode`` turn the whole run, the character included, into U+FFFD). A step's text is
+``""`` while a character is incomplete (no U+FFFD in the middle of a stream).
+
+Where vLLM differs:
+
+* A prompt whose text ends in U+FFFD (an incomplete character): ``DecodeStream`` then keeps no
+  prefix, so vLLM's first output text repeats the whole prompt text. Here the stream is seeded
+  with the longest prompt prefix whose text ends cleanly, the rest of the prompt is fed as
+  pending tokens, and the prompt's trailing U+FFFD chars are not repeated unless the output
+  changes them (it completes the character).
+* Bytes still pending when the request ends: vLLM drops them; :meth:`flush` returns them
+  (as U+FFFD, like ``decode``).
+* The "invalid prefix" restart: vLLM restarts the stream empty with only the failing token,
+  losing the pending tokens' text and, for decoders that strip the first space (``Strip``,
+  ``Metaspace``), the token's leading space. Here the new stream is seeded with the last
+  emitted tokens and a separator token (:func:`separator_token_id`), and the pending tokens
+  are replayed, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+__all__ = ["INVALID_PREFIX", "IncrementalDetokenizer", "clean_prompt_split",
+           "separator_token_id"]
+
+#: How the ``tokenizers`` error vLLM recovers from starts.
+INVALID_PREFIX: Final = "Invalid prefix encountered"
+REPLACEMENT: Final = "\ufffd"
+#: How many trailing prompt tokens are searched for the clean seed (then: the whole prompt).
+MAX_PROMPT_TAIL: Final = 16
+#: Separator candidates, first match wins: plain one-character tokens.
+SEPARATORS: Final = (".", ",", "a", "0", "!", "-", "x")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def separator_token_id(tokenizer: Tokenizer) -> int | None:
+    """A plain vocabulary token whose text does not depend on its neighbours, or ``None``.
+
+    Used after an "invalid prefix" error: it ends a run of byte-fallback tokens and keeps a
+    decoder's first-space stripping away from the text that follows it.
+    """
+    added = tokenizer.get_added_tokens_decoder()
+    for candidate in SEPARATORS:
+        token_id = tokenizer.token_to_id(candidate)
+        if token_id is None or token_id in added:
+            continue
+        one = tokenizer.decode([token_id])
+        if one and not one.endswith(REPLACEMENT) and \
+                tokenizer.decode([token_id, token_id]) == one + one:
+            return token_id
+    return None
+
+
+def clean_prompt_split(tokenizer: Tokenizer, prompt: Sequence[int],
+                       skip_special_tokens: bool) -> tuple[list[int], list[int], str]:
+    """``(seed, tail, tail_text)``: the prompt split where its text last ended cleanly.
+
+    ``seed`` is the longest prefix (of the last :data:`MAX_PROMPT_TAIL` cuts) whose text does
+    not end in U+FFFD, ``tail`` the rest, ``tail_text`` what ``tail`` adds to the prompt's text.
+    A prompt whose text ends cleanly gives ``(prompt, [], "")``.
+    """
+    ids = list(prompt)
+    whole = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    if not whole.endswith(REPLACEMENT):
+        return ids, [], ""
+    for cut in range(len(ids) - 1, max(len(ids) - MAX_PROMPT_TAIL, 0) - 1, -1):
+        head = tokenizer.decode(ids[:cut], skip_special_tokens=skip_special_tokens)
+        if not head.endswith(REPLACEMENT):
+            return ids[:cut], ids[cut:], whole[_common_prefix(whole, head):]
+    return [], ids, whole
+
+
+class IncrementalDetokenizer:
+    """The text of one request's output tokens, one token at a time.
+
+    ``tokenizer`` is the fast tokenizer (``Tokenizer.backend``); ``prompt_token_ids`` seed the
+    stream so the first output token decodes in the prompt's context.
+    ``spaces_between_special_tokens=False`` only matters with ``skip_special_tokens=False``:
+    an added token right after another one is then emitted as its raw content (vLLM's rule).
+    """
+
+    __slots__ = ("_added", "_context", "_finished", "_last", "_last_added", "_pending",
+                 "_skip", "_slow", "_stream", "_tail_text", "_tokenizer")
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
+                 skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        seed, tail, tail_text = clean_prompt_split(tokenizer, prompt_token_ids,
+                                                   skip_special_tokens)
+        self._stream = DecodeStream(ids=seed, skip_special_tokens=skip_special_tokens)
+        # The stream's prefix is the text of [_last] if _last >= 0, else of _context.
+        self._context: list[int] = seed
+        self._last = -1
+        self._pending: list[int] = []    # ids fed since the stream last produced text
+        self._finished = False
+        self._added: dict[int, str] | None = None
+        self._last_added = False
+        self._tail_text = tail_text  # prompt text (U+FFFD) the first outputs must not repeat
+        for token_id in tail:  # pending prompt bytes: their text is the prompt's, not ours
+            self._strip_tail(self._plain_step(token_id))
+        if not skip_special_tokens and not spaces_between_special_tokens:
+            added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+            self._added = added or None
+        self._slow = bool(self._tail_text) or self._added is not None
+
+    @property
+    def finished(self) -> bool:
+        """True once :meth:`flush` was called."""
+        return self._finished
+
+    def step(self, token_id: int) -> str:
+        """The text new with this token (``""`` while a character is incomplete).
+
+        A bad id (negative, too large for the library, not an int) gives ``""``.
+        Raises RuntimeError after :meth:`flush`.
+        """
+        if self._slow:
+            return self._slow_step(token_id)
+        try:
+            text = self._stream.step(self._tokenizer, token_id)
+        except Exception as exc:  # the library raises a plain Exception
+            return self._failed_step(token_id, exc)
+        if text is None:
+            self._pending.append(token_id)
+            return ""
+        if self._pending:
+            self._pending.append(token_id)
+            self._context, self._pending, self._last = self._pending, [], -1
+        else:
+            self._last = token_id
+        return text
+
+    def flush(self) -> str:
+        """The text of the bytes still pending at the end (U+FFFD, as ``decode`` gives them).
+
+        The detokenizer is finished afterwards.
+        """
+        if self._finished:
+            return ""
+        self._finished = True
+        self._slow = True
+        if not self._pending:
+            return ""
+        decode = self._tokenizer.decode
+        context, pending, skip = self._context_ids(), self._pending, self._skip
+        prefix = decode(context, skip_special_tokens=skip)
+        whole = decode(context + pending, skip_special_tokens=skip)
+        if not whole.startswith(prefix):  # decode rewrote emitted text: decode after a break
+            context = context + self._separator()
+            prefix = decode(context, skip_special_tokens=skip)
+            whole = decode(context + pending, skip_special_tokens=skip)
+        self._pending = []
+        return self._strip_tail(whole[len(prefix):])
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _plain_step(self, token_id: int) -> str:
+        try:
+            text = self._stream.step(self._tokenizer, token_id)
+        except Exception as exc:  # the library raises a plain Exception
+            return self._failed_step(token_id, exc)
+        if text is None:
+            self._pending.append(token_id)
+            return ""
+        if self._pending:
+            self._pending.append(token_id)
+            self._context, self._pending, self._last = self._pending, [], -1
+        else:
+            self._last = token_id
+        return text
+
+    def _slow_step(self, token_id: int) -> str:
+        if self._finished:
+            raise RuntimeError("the detokenizer was flushed: it takes no more tokens")
+        text = self._plain_step(token_id)
+        if self._tail_text and text:
+            text = self._strip_tail(text)
+        if self._added is not None:
+            content = self._added.get(token_id)
+            if content is not None and self._last_added:
+                text = content
+            self._last_added = content is not None
+        self._slow = bool(self._tail_text) or self._added is not None
+        return text
+
+    def _strip_tail(self, text: str) -> str:
+        """Drop what the text shares with the prompt's unfinished tail (corner 1)."""
+        tail = self._tail_text
+        if not tail:
+            return text
+        n = _common_prefix(text, tail)
+        self._tail_text = tail[n:] if n == len(text) else ""
+        return text[n:]
+
+    def _failed_step(self, token_id: int, exc: Exception) -> str:
+        if isinstance(exc, OverflowError | TypeError):
+            return ""  # a bad id: no text (vLLM's rule); the stream did not take it
+        if not str(exc).startswith(INVALID_PREFIX):
+            raise exc
+        return self._restart(token_id)
+
+    def _context_ids(self) -> list[int]:
+        return [self._last] if self._last >= 0 else self._context
+
+    def _separator(self) -> list[int]:
+        sep = separator_token_id(self._tokenizer)
+        return [] if sep is None else [sep]
+
+    def _restart(self, token_id: int) -> str:
+        """Restart the stream after the last emitted text and replay the pending tokens."""
+        replay = [*self._pending, token_id]
+        seed = self._context_ids() + self._separator()
+        self._stream = DecodeStream(ids=seed, skip_special_tokens=self._skip)
+        self._context, self._pending, self._last = seed, [], -1
+        pieces = []
+        for replayed in replay:
+            try:
+                text = self._stream.step(self._tokenizer, replayed)
+            except Exception as exc:  # a second failure: start from nothing
+                if not str(exc).startswith(INVALID_PREFIX):
+                    raise
+                self._stream = DecodeStream(skip_special_tokens=self._skip)
+                self._context, self._pending = [], []
+                text = self._stream.step(self._tokenizer, replayed)
+            self._pending.append(replayed)
+            if text is not None:
+                pieces.append(text)
+                self._context, self._pending = self._pending, []
+        return "".join(pieces)
