@@ -5,9 +5,10 @@ What is read, with the rules transformers (and so vLLM) applies:
 * ``tokenizer.json`` (required: the fast tokenizer; folders with only a SentencePiece
   ``tokenizer.model`` are not supported);
 * ``tokenizer_config.json`` (optional): special tokens as strings or AddedToken objects
-  (``{"content": ...}``), ``add_bos_token``/``add_eos_token``, ``chat_template`` (a string or
-  a list of ``{"name", "template"}``), ``clean_up_tokenization_spaces``; the legacy
-  ``special_tokens_map.json`` fills in special tokens it does not name;
+  (``{"content": ...}``), ``chat_template`` (a string or a list of ``{"name", "template"}``),
+  ``clean_up_tokenization_spaces``; the legacy ``special_tokens_map.json`` fills in special
+  tokens it does not name (``add_bos_token``/``add_eos_token`` are not read: with a
+  ``tokenizer.json``, transformers 5 ignores them too);
 * chat templates in ``chat_template.jinja`` and ``additional_chat_templates/*.jinja`` (these
   win over the config's, as in transformers), else ``chat_template.json``
   (``{"chat_template": ...}``, the processor file);
@@ -65,9 +66,6 @@ class ModelFiles:
     special_tokens: Mapping[str, SpecialToken]
     #: Further special tokens (``extra_special_tokens`` / ``additional_special_tokens``).
     extra_special_tokens: tuple[SpecialToken, ...]
-    #: ``add_bos_token`` / ``add_eos_token`` when the config names them, else None.
-    add_bos_token: bool | None
-    add_eos_token: bool | None
     clean_up_tokenization_spaces: bool
     #: Chat templates by name; a single template is named ``"default"``.
     chat_templates: Mapping[str, str]
@@ -134,8 +132,6 @@ def read_model_files(path: str | os.PathLike[str]) -> ModelFiles:
         path=folder, tokenizer_json=tokenizer_json, tokenizer_config=config,
         pre_tokenizer=pre_tokenizer if isinstance(pre_tokenizer, dict) else None,
         special_tokens=specials, extra_special_tokens=extras,
-        add_bos_token=_optional_bool(folder, config, "add_bos_token"),
-        add_eos_token=_optional_bool(folder, config, "add_eos_token"),
         clean_up_tokenization_spaces=bool(
             _optional_bool(folder, config, "clean_up_tokenization_spaces")),
         chat_templates=_chat_templates(folder, config), generation_eos_token_ids=eos_ids,

@@ -1,11 +1,12 @@
 """A model folder's tokenizer: the fast ``tokenizers`` tokenizer plus what the folder's
 configs say about it (bos/eos, ``add_bos_token``, the chat template, the vocabulary size).
 
-It behaves like ``transformers.AutoTokenizer.from_pretrained(folder)`` (what vLLM loads) on
-the points the text layer uses: named special tokens become special added tokens, an explicit
-``add_bos_token``/``add_eos_token`` rebuilds the post-processor, no truncation or padding,
-and ``token_strings`` decodes one id at a time as vLLM's logprobs do. No transformers, no
-torch, no network.
+It behaves like ``transformers.AutoTokenizer.from_pretrained(folder)`` of transformers 5 (what
+vLLM 0.32 loads) on the points the text layer uses: named special tokens become special added
+tokens; ``tokenizer.json``'s post-processor decides what ``encode`` adds (transformers 5 drops
+the config's ``add_bos_token``/``add_eos_token`` when there is a ``tokenizer.json``; 4.x
+rebuilt the post-processor from them); no truncation or padding; ``token_strings`` decodes
+one id at a time as vLLM's logprobs do. No transformers, no torch, no network.
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ from pathlib import Path
 from typing import Any, Final, final
 
 import tokenizers
-from tokenizers import processors
 
 from ..errors import ChatTemplateError, InvalidRequestError
 from .chat_template import chat_messages, render_chat_template
-from .model_dir import DEFAULT_TEMPLATE, TOKENIZER_FILE, ModelFiles, read_model_files
+from .model_dir import (
+    DEFAULT_TEMPLATE,
+    TOKENIZER_FILE,
+    ModelFiles,
+    SpecialToken,
+    read_model_files,
+)
 
 _REPLACEMENT: Final = "\ufffd"
 #: How many preceding sampled tokens vLLM's logprobs correction looks at.
@@ -43,13 +49,21 @@ def _leading_space_marker(pre_tokenizer: Mapping[str, Any] | None) -> str | None
     return None
 
 
-def _template_processing(bos: tuple[str, int] | None,
-                         eos: tuple[str, int] | None) -> processors.TemplateProcessing:
-    """transformers' ``update_post_processor``: bos/eos around each sequence as configured."""
-    single = (f"{bos[0]}:0 " if bos else "") + "$A:0" + (f" {eos[0]}:0" if eos else "")
-    pair = single + (f" {bos[0]}:1" if bos else "") + " $B:1" + (f" {eos[0]}:1" if eos else "")
-    return processors.TemplateProcessing(single=single, pair=pair,
-                                         special_tokens=[t for t in (bos, eos) if t])
+def _special_added_tokens(backend: tokenizers.Tokenizer,
+                          tokens: Sequence[SpecialToken]) -> list[tokenizers.AddedToken]:
+    """What transformers makes of the named special tokens: the tokenizer.json added token of
+    that content if there is one, else a new one with the config's flags; all special."""
+    existing = {token.content: token for token in backend.get_added_tokens_decoder().values()}
+    result = []
+    for token in tokens:
+        found = existing.get(token.content)
+        result.append(tokenizers.AddedToken(
+            token.content, special=True,
+            lstrip=token.lstrip if found is None else found.lstrip,
+            rstrip=token.rstrip if found is None else found.rstrip,
+            single_word=token.single_word if found is None else found.single_word,
+            normalized=token.normalized if found is None else found.normalized))
+    return result
 
 
 @final
@@ -78,19 +92,12 @@ class Tokenizer:
         backend.no_truncation()
         backend.no_padding()
         named = files.special_tokens
-        backend.add_special_tokens([
-            tokenizers.AddedToken(token.content, special=True, lstrip=token.lstrip,
-                                  rstrip=token.rstrip, single_word=token.single_word,
-                                  normalized=token.normalized)
-            for token in (*named.values(), *files.extra_special_tokens)])
+        backend.add_special_tokens(_special_added_tokens(
+            backend, (*named.values(), *files.extra_special_tokens)))
         self._backend = backend
         self._model_dir: Path | None = files.path
         self._bos = self._named(files, "bos_token")
         self._eos = self._named(files, "eos_token")
-        if files.add_bos_token is not None or files.add_eos_token is not None:
-            backend.post_processor = _template_processing(
-                self._bos if files.add_bos_token else None,
-                self._eos if files.add_eos_token else None)
         empty = backend.encode("", add_special_tokens=True).ids
         self._add_bos_token = self._bos is not None and empty[:1] == [self._bos[1]]
         primary = () if self._eos is None else (self._eos[1],)
@@ -172,7 +179,9 @@ class Tokenizer:
 
     @property
     def add_bos_token(self) -> bool:
-        """Whether :meth:`encode` with ``add_special_tokens=True`` starts with the bos token."""
+        """Whether :meth:`encode` with ``add_special_tokens=True`` starts with the bos token
+        (``tokenizer.json``'s post-processor says; the config's ``add_bos_token`` is ignored,
+        as transformers 5 ignores it)."""
         return self._add_bos_token
 
     @property
@@ -231,17 +240,19 @@ class Tokenizer:
                 text = text.replace(old, new)
         return text
 
-    def token_strings(self, token_ids: Sequence[int], *, context: Sequence[int] = ()) -> list[str]:
-        """One string per id, decoded alone, as vLLM's logprobs give them
-        (``convert_ids_list_to_tokens``): special tokens as their text, leading spaces of
-        Metaspace pieces restored, ``""`` for unknown ids.
+    def token_strings(self, token_ids: Sequence[int], *,
+                      context: Sequence[int] | None = None) -> list[str]:
+        """One string per id, decoded alone, as vLLM's ``convert_ids_list_to_tokens`` gives
+        them: special tokens as their text, leading spaces of Metaspace pieces restored,
+        ``""`` for ids the tokenizer does not know.
 
-        With ``context`` (the sampled tokens before this position, oldest first), a string
-        ending in U+FFFD (a character cut by byte fallback) is corrected from up to the
-        last 4 of them, as vLLM's logprobs processor does (``""`` if still incomplete).
+        ``context`` makes them what vLLM's logprobs processor gives for one position: the
+        sampled tokens before it in the output (oldest first; ``[]`` at the first output
+        position). A string ending in U+FFFD (part of a character, from byte fallback) is
+        then replaced by the text it completes with up to the last 4 of them, or ``""``.
         """
         strings = [self._token_string(token_id) for token_id in token_ids]
-        if context:
+        if context is not None:
             recent = list(context[-_CONTEXT_TOKENS:])
             strings = [self._corrected(token_id, recent) if text.endswith(_REPLACEMENT)
                        else text for token_id, text in zip(token_ids, strings, strict=True)]

@@ -16,7 +16,7 @@ import pytest
 import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers, processors
 
 from anyio_genout.errors import InvalidRequestError, ModelFolderError
 from anyio_genout.text.bundled import bundled_model_dir, bundled_tokenizer
@@ -69,11 +69,14 @@ def write_sentencepiece_folder(folder: Path) -> Path:
                                          decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
                                 for t in ("<unk>", "<s>", "</s>")])
+    backend.post_processor = processors.TemplateProcessing(single="<s>:0 $A:0",
+                                                           special_tokens=[("<s>", 1)])
     folder.mkdir(parents=True, exist_ok=True)
     backend.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>",
-        "eos_token": {"content": "</s>", "lstrip": False, "normalized": False,
+        "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False,
+                      "normalized": False,
                       "rstrip": False, "single_word": False},
         "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
         "tokenizer_class": "PreTrainedTokenizerFast"}), encoding="utf-8")
@@ -155,20 +158,13 @@ def test_any_text_round_trips(text: str) -> None:
 # -- what the configs say ----------------------------------------------------------------------
 
 
-def test_add_bos_token_false_in_the_config_drops_bos_and_add_eos_token_appends_eos(
+def test_tokenizer_json_decides_what_encode_adds_not_the_config_s_add_bos_token(
         tmp_path: Path) -> None:
-    folder = copy_bundled(tmp_path)
+    folder = copy_bundled(tmp_path)  # as transformers 5 (what vLLM 0.32 uses) loads it
     edit_json(folder / "tokenizer_config.json", add_bos_token=False, add_eos_token=True)
     tok = Tokenizer.from_model_dir(folder)
-    assert tok.add_bos_token is False
-    assert tok.encode("hi") == [76, 77, 2]
-    assert tok.encode("hi", add_special_tokens=False) == [76, 77]
-
-
-def test_without_add_bos_token_the_tokenizer_json_post_processor_decides(tmp_path: Path) -> None:
-    folder = copy_bundled(tmp_path)
-    edit_json(folder / "tokenizer_config.json", add_bos_token=None, add_eos_token=None)
-    assert Tokenizer.from_model_dir(folder).encode("hi") == [1, 76, 77]
+    assert tok.add_bos_token is True
+    assert tok.encode("hi") == [1, 76, 77]
     edit_json(folder / "tokenizer.json", post_processor=None)
     tok = Tokenizer.from_model_dir(folder)
     assert tok.encode("hi") == [76, 77] and tok.add_bos_token is False
@@ -177,7 +173,8 @@ def test_without_add_bos_token_the_tokenizer_json_post_processor_decides(tmp_pat
 def test_eos_may_be_an_added_token_object_and_generation_eos_an_int(tmp_path: Path) -> None:
     folder = copy_bundled(tmp_path)
     edit_json(folder / "tokenizer_config.json",
-              eos_token={"content": "<|im_end|>", "lstrip": False, "rstrip": False,
+              eos_token={"__type": "AddedToken", "content": "<|im_end|>", "lstrip": False,
+                         "rstrip": False,
                          "normalized": False, "single_word": False, "special": True})
     edit_json(folder / "generation_config.json", eos_token_id=2)
     tok = Tokenizer.from_model_dir(folder)
@@ -230,6 +227,7 @@ def test_a_character_cut_by_byte_fallback_is_completed_from_the_context(tmp_path
     assert tok.token_strings([lead, trail]) == ["\ufffd", "\ufffd"]
     assert tok.token_strings([trail], context=[ids[0], lead]) == ["é"]
     assert tok.token_strings([lead], context=[ids[0]]) == [""]  # still incomplete
+    assert tok.token_strings([trail, ids[0]], context=[]) == ["", " hello"]  # first position
     assert tok.decode(ids) == "hello é"
 
 
@@ -261,7 +259,7 @@ def test_a_path_that_is_not_a_folder_is_refused(tmp_path: Path) -> None:
     ("tokenizer_config.json", "[1]", r"tokenizer_config\.json: must hold a JSON object"),
     ("tokenizer_config.json", '{"bos_token": 1}', r"tokenizer_config\.json: bos_token must"),
     ("tokenizer_config.json", '{"eos_token": {"text": "x"}}', r"eos_token must be a string"),
-    ("tokenizer_config.json", '{"add_bos_token": "yes"}', r"add_bos_token must be true or"),
+    ("tokenizer_config.json", '{"clean_up_tokenization_spaces": 1}', r"must be true or fal"),
     ("tokenizer_config.json", '{"chat_template": 3}', r"chat_template must be a string or"),
     ("tokenizer_config.json", '{"chat_template": [{"name": "x"}]}', r"chat_template must be"),
     ("generation_config.json", '{"eos_token_id": "2"}', r"generation_config\.json: eos_token_"),
