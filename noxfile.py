@@ -78,8 +78,11 @@ def interop(session: nox.Session) -> None:
     and reused while their recipe is unchanged. Arguments after ``--`` go to pytest.
     """
     python, test_env = _prepare_interop_env(session)
+    # Arguments naming tests (``-- tests/interop/test_x.py -v``) replace the default folder.
     args = session.posargs or ["-v", "-rs"]
-    session.run(python, "-m", "pytest", "tests/interop", *args, env=test_env, external=True)
+    names_tests = any(arg.startswith("tests") for arg in args)
+    paths = [] if names_tests else ["tests/interop"]
+    session.run(python, "-m", "pytest", *paths, *args, env=test_env, external=True)
 
 
 # ------------------------------------------------------------------------------------------

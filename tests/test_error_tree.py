@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from anyio_genout import (
+    ChatTemplateError,
+    ModelFolderError,
     ClientClosedError,
     ClientUnhealthyError,
     DuplicateRequestIdError,
@@ -57,6 +59,8 @@ FAMILIES: dict[type[GenoutError], str] = {
 EXPECTED: dict[type[GenoutError], type[GenoutError]] = {
     InvalidRequestError: UsageError,
     DuplicateRequestIdError: UsageError,
+    ModelFolderError: UsageError,
+    ChatTemplateError: UsageError,
     EngineDeadError: ClientUnhealthyError,
     EngineProcessExitedError: ClientUnhealthyError,
     ProtocolError: ClientUnhealthyError,
