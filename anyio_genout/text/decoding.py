@@ -72,7 +72,7 @@ class TextDecoder:
     ``detokenize=False``; InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
     """
 
-    __slots__ = ("_detok", "_done", "_fast", "_fast_stops", "_hold", "_min_tokens",
+    __slots__ = ("_detok", "_done", "_fast", "_fast_stops", "_hold", "_include", "_min_tokens",
                  "_num_tokens", "_overlap", "_pieces", "_recent", "_starts", "_step", "_stops",
                  "_unsent")
 
@@ -91,6 +91,7 @@ class TextDecoder:
         ) if detokenize else None
         self._step = self._detok.step if self._detok is not None else _no_text
         self._stops = stops if stops.stops else None
+        self._include = include_stop_str_in_output
         self._hold = stops.hold_back
         self._overlap = max(stops.longest - 1, 0)
         # Where each stop string's search starts once `_unsent` is `_hold` chars long.
@@ -173,8 +174,7 @@ class TextDecoder:
         if detok is None:
             return TextStep("", count, None)
         stops = self._stops
-        skip_last = finished and stop_terminated and count > 0 and \
-            (stops is None or not stops.include_in_output)
+        skip_last = finished and stop_terminated and count > 0 and not self._include
         offsets = [0]  # text length after each new token, from this update's start
         pieces: list[str] = []
         length = 0

@@ -120,3 +120,35 @@ def kind_dir(kind: str) -> Path:
 def load(kind: str) -> Tokenizer:
     """The fast tokenizer of one kind (one instance per process)."""
     return Tokenizer.from_file(str(kind_dir(kind) / "tokenizer.json"))
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def clean_cut(tok: Tokenizer, prompt: list[int], skip: bool) -> int:
+    """The length of the longest prompt prefix whose text does not end in U+FFFD."""
+    cut = len(prompt)
+    while cut and tok.decode(prompt[:cut], skip_special_tokens=skip).endswith("\ufffd"):
+        cut -= 1
+    return cut
+
+
+def reference_text(tok: Tokenizer, prompt: list[int], output: list[int], skip: bool) -> str:
+    """The output's text by the detokenizer's guarantee, from full decodes only.
+
+    With ``P0`` the longest prompt prefix whose text ends cleanly and ``T`` what the rest of the
+    prompt shows after it: ``decode(prompt + output)`` after ``decode(P0)``, less its common
+    prefix with ``T`` (the prompt's unfinished tail is not repeated unless the output changes
+    it). Raises AssertionError if the decode does not start with ``decode(P0)``.
+    """
+    seed = tok.decode(prompt[:clean_cut(tok, prompt, skip)], skip_special_tokens=skip)
+    whole = tok.decode(prompt, skip_special_tokens=skip)
+    tail = whole[common_prefix(whole, seed):]
+    full = tok.decode([t for t in prompt + output if 0 <= t < 2**32], skip_special_tokens=skip)
+    assert full.startswith(seed), (full, seed)
+    text = full[len(seed):]
+    return text[common_prefix(text, tail):]

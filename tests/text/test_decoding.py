@@ -1,0 +1,155 @@
+"""TextDecoder: one request's text with stop strings and min_tokens, as vLLM 0.32 does it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from anyio_genout.errors import InvalidRequestError
+from anyio_genout.text.decoding import TextDecoder, TextStep
+from tests.text.tokenizer_kinds import KINDS, load, reference_text
+
+EXAMPLES = settings(max_examples=120, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+TEXT = "Fog from noon, 霧が出た 🌫️; horn sounded four hours. No ships seen. Fin."
+
+
+def tokens(kind: str, text: str) -> list[int]:
+    return list(load(kind).encode(text, add_special_tokens=False).ids)
+
+
+def feed(decoder: TextDecoder, steps: Sequence[Sequence[int]], *,
+         stop_terminated: bool = False) -> list[TextStep]:
+    """Feed the steps; the last one finishes the request (unless a stop string ends it)."""
+    out = []
+    for i, step in enumerate(steps):
+        final = i == len(steps) - 1
+        out.append(decoder.update(step, finished=final, stop_terminated=final and stop_terminated))
+        if out[-1].stop_string:
+            break
+    return out
+
+
+def one_by_one(ids: Sequence[int]) -> list[list[int]]:
+    return [[t] for t in ids]
+
+
+def char_tokens(tok: Tokenizer, text: str) -> list[int]:
+    """One token per character (plain ASCII text), so char offsets are token offsets."""
+    ids = [tok.encode(c, add_special_tokens=False).ids for c in text]
+    assert all(len(i) == 1 for i in ids)
+    return [i[0] for i in ids]
+
+
+def test_stop_strings_are_held_back_while_streaming_and_cut_on_a_match() -> None:
+    tok = load("byte_level")
+    decoder = TextDecoder(tok, [1], stop=("END", "ND!"))
+    steps = feed(decoder, one_by_one(char_tokens(tok, "the END! more")))
+    assert [s.text for s in steps] == ["", "", "t", "h", "e", " ", ""]
+    assert steps[-1] == TextStep("", 1, "END")  # "END" completes before "ND!"
+    assert decoder.text == "the "
+    with pytest.raises(RuntimeError):
+        decoder.update([5], finished=False, stop_terminated=False)
+
+
+def test_with_include_stop_str_in_output_nothing_is_held_and_the_match_is_kept() -> None:
+    tok = load("byte_level")
+    decoder = TextDecoder(tok, [1], stop=("END",), include_stop_str_in_output=True)
+    steps = feed(decoder, one_by_one(char_tokens(tok, "the END! more")))
+    assert "".join(s.text for s in steps) == decoder.text == "the END"
+    assert steps[-1].stop_string == "END"
+
+
+def test_in_one_step_of_several_tokens_the_earliest_match_wins_and_later_ids_drop() -> None:
+    tok = load("byte_level")
+    ids = char_tokens(tok, "a fox jumps")
+    decoder = TextDecoder(tok, [1], stop=("jumps", "fox"))
+    step = decoder.update(ids, finished=False, stop_terminated=False)
+    assert step == TextStep("a ", 5, "fox")  # kept: "a fox"; " jumps" dropped
+    assert decoder.text == "a "
+
+
+def test_stop_strings_wait_for_min_tokens_and_a_match_may_straddle_the_border() -> None:
+    tok = load("byte_level")
+    ids = char_tokens(tok, "ab ab ab")
+    early = TextDecoder(tok, [1], stop=("ab",), min_tokens=3)
+    assert feed(early, one_by_one(ids))[-1] == TextStep("", 1, "ab")
+    assert early.text == "ab "  # the "ab" inside the first 3 tokens is ignored
+    straddle = TextDecoder(tok, [1], stop=("b a",), min_tokens=2)
+    steps = feed(straddle, one_by_one(ids))
+    assert straddle.text == "a" and steps[-1].stop_string == "b a"  # starts at token 1
+
+
+def test_a_stop_terminated_last_token_is_not_detokenized_unless_included() -> None:
+    tok = load("byte_level")
+    ids = char_tokens(tok, "done!")
+    plain = TextDecoder(tok, [1], skip_special_tokens=False)
+    assert feed(plain, [ids], stop_terminated=True) == [TextStep("done", 5, None)]
+    shown = TextDecoder(tok, [1], include_stop_str_in_output=True)
+    assert feed(shown, [ids], stop_terminated=True) == [TextStep("done!", 5, None)]
+
+
+def test_the_finish_sends_the_held_text_and_the_pending_bytes() -> None:
+    tok = load("byte_level")
+    ids = tokens("byte_level", "ok 😀")
+    decoder = TextDecoder(tok, [1], stop=("zzzz",))
+    steps = feed(decoder, [*one_by_one(ids[:-2]), ids[-2:-1]])  # the last byte never comes
+    assert "".join(s.text for s in steps) == decoder.text == tok.decode(ids[:-1])
+    assert decoder.text.endswith("\ufffd")  # vLLM drops the pending bytes
+
+
+def test_without_detokenize_there_is_no_text_and_stop_strings_are_refused() -> None:
+    tok = load("byte_level")
+    decoder = TextDecoder(tok, [1], detokenize=False)
+    assert decoder.update([40, 41], finished=True, stop_terminated=True) == \
+        TextStep("", 2, None)
+    with pytest.raises(InvalidRequestError) as info:
+        TextDecoder(tok, [1], stop=("x",), detokenize=False)
+    assert info.value.field == "stop"
+    with pytest.raises(InvalidRequestError):
+        TextDecoder(tok, [1], stop=("",))
+
+
+@st.composite
+def split_request(draw: st.DrawFn, kind: str) -> tuple[list[int], list[list[int]]]:
+    ids = tokens(kind, TEXT[draw(st.integers(0, 40)):])
+    start = draw(st.integers(0, len(ids) - 1))
+    prompt, output = [1, *ids[:start]], ids[start:]
+    cuts = sorted(draw(st.lists(st.integers(0, len(output) - 1), max_size=len(output))))
+    bounds = [0, *cuts, len(output)]
+    return prompt, [output[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@EXAMPLES
+@given(data=st.data(), stop=st.lists(st.sampled_from(["o", "ho", "s.", "霧が", "🌫", "zz"]),
+                                     max_size=2),
+       include=st.booleans(), min_tokens=st.integers(0, 4), terminated=st.booleans())
+def test_the_result_is_the_same_for_every_split_into_steps(
+        kind: str, data: st.DataObject, stop: list[str], include: bool, min_tokens: int,
+        terminated: bool) -> None:
+    tok = load(kind)
+    prompt, steps = data.draw(split_request(kind))
+    output = [t for s in steps for t in s]
+
+    def decode(steps: Sequence[Sequence[int]]) -> tuple[str, list[int], str | None]:
+        decoder = TextDecoder(tok, prompt, stop=stop, include_stop_str_in_output=include,
+                              min_tokens=min_tokens)
+        got = feed(decoder, steps, stop_terminated=terminated)
+        kept = [t for s, g in zip(steps, got, strict=False) for t in s[:g.keep]]
+        assert "".join(g.text for g in got) == decoder.text
+        return decoder.text, kept, got[-1].stop_string
+
+    text, kept, matched = decode(steps)
+    assert (text, kept, matched) == decode(one_by_one(output))
+    if matched is None:
+        detokenized = output[:-1] if terminated and not include else output
+        assert text == reference_text(tok, prompt, detokenized, True)
+        assert kept == output
+    elif not include:
+        assert all(s not in text for s in stop) or min_tokens > 0
