@@ -46,7 +46,8 @@ def test_protocol_core_imports_no_io_library() -> None:
 # Top-level imports a plain ``pip install .`` provides (pyproject's dependencies), and the
 # optional ones each part of the package may use; imports made inside a function (after
 # the optional library is known to be there) are not checked.
-_REQUIRED = {"anyio", "zmq", "msgpack", "numpy", "attrs", "prometheus_client"}
+_REQUIRED = {"anyio", "zmq", "msgpack", "numpy", "attrs", "prometheus_client", "tokenizers",
+             "jinja2", "jsonschema"}
 _OPTIONAL_BY_PART = {"bench": {"psutil", "matplotlib", "pyinstrument"}}
 
 
@@ -169,7 +170,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
 _COMMAND_LINES = {"anyio_genout.mock.cli", "anyio_genout.mock.__main__",
                   "anyio_genout.bench.cli", "anyio_genout.bench.__main__",
                   "anyio_genout.bench.run_cmd", "anyio_genout.bench.vllm_cmd",
-                  "anyio_genout.bench.report_cmd", "anyio_genout.bench.options",
+                  "anyio_genout.bench.report_cmd", "anyio_genout.bench.text_cmd",
+                  "anyio_genout.bench.options",
                   "anyio_genout.bench.output"}
 
 
