@@ -49,10 +49,21 @@ _ONE_TOKEN: dict[str, TextStep] = {}
 _ONE_TOKEN_MAX: Final = 16384
 
 
+_new = object.__new__
+_set_text = vars(TextStep)["text"].__set__
+_set_keep = vars(TextStep)["keep"].__set__
+_set_stop_string = vars(TextStep)["stop_string"].__set__
+
+
 def _one_token(text: str) -> TextStep:
+    """``TextStep(text, 1, None)``, shared, or built by setting its slots directly (the
+    frozen ``__init__`` goes through ``object.__setattr__`` per field: twice as slow)."""
     step = _ONE_TOKEN.get(text)
     if step is None:
-        step = TextStep(text, 1, None)
+        step = _new(TextStep)
+        _set_text(step, text)
+        _set_keep(step, 1)
+        _set_stop_string(step, None)
         if len(_ONE_TOKEN) < _ONE_TOKEN_MAX:
             _ONE_TOKEN[text] = step
     return step
@@ -72,9 +83,9 @@ class TextDecoder:
     ``detokenize=False``; InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
     """
 
-    __slots__ = ("_detok", "_done", "_fast", "_fast_stops", "_hold", "_include", "_min_tokens",
-                 "_num_tokens", "_overlap", "_pieces", "_recent", "_starts", "_step", "_stops",
-                 "_unsent")
+    __slots__ = ("_armed", "_detok", "_done", "_ends", "_fast", "_fast_stops", "_hold",
+                 "_include", "_min_tokens", "_num_tokens", "_overlap", "_pieces", "_recent",
+                 "_starts", "_step", "_stops", "_unsent")
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
                  stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
@@ -97,7 +108,9 @@ class TextDecoder:
         # Where each stop string's search starts once `_unsent` is `_hold` chars long.
         self._starts = tuple((s, self._hold + 1 - len(s)) for s in stops.stops)
         self._min_tokens = min_tokens
-        self._num_tokens = 0           # output tokens so far (kept only when there are stops)
+        self._num_tokens = 0           # output tokens so far, counted until armed
+        self._armed = min_tokens == 0  # more than min_tokens tokens: stop strings are checked
+        self._ends = frozenset(s[-1] for s in stops.stops)
         self._pieces: list[str] = []   # the whole text, in pieces (joined when read)
         self._unsent = ""              # held back: the text's last `_hold` chars at most
         self._recent = ""              # the text's last `_overlap` chars (when included)
@@ -137,14 +150,17 @@ class TextDecoder:
         if not self._fast_stops:
             return self._update(token_ids, finished, stop_terminated)
         piece = self._step(token_ids[0])
-        self._num_tokens += 1
+        if not self._armed:
+            self._num_tokens += 1
+            self._armed = self._num_tokens > self._min_tokens
         if not piece:
             return _EMPTY_ONE
         self._pieces.append(piece)
         held = self._unsent
         window = held + piece
         hold = self._hold
-        if self._num_tokens > self._min_tokens:
+        # A match ends in the new text: only a piece holding some stop's last char can end one.
+        if self._armed and not self._ends.isdisjoint(piece):
             if len(held) == hold:
                 for stop, start in self._starts:
                     if window.find(stop, start) >= 0:
@@ -165,8 +181,10 @@ class TextDecoder:
         if self._done:
             raise RuntimeError("the text decoder is finished: it takes no more outputs")
         count = len(token_ids)
-        num_prev = self._num_tokens
-        self._num_tokens = num_prev + count
+        num_prev = self._num_tokens  # counted until armed (then min_tokens is behind us)
+        if not self._armed:
+            self._num_tokens = num_prev + count
+            self._armed = self._num_tokens > self._min_tokens
         if finished:
             self._done = True
             self._fast = self._fast_stops = False
@@ -203,7 +221,7 @@ class TextDecoder:
         include = stops.include_in_output
         recent = self._recent if include else self._unsent
         window = recent + new
-        if new and self._num_tokens > self._min_tokens:
+        if new and self._armed:
             first = offsets[max(self._min_tokens - num_prev, 0)]
             if stops.search(window, len(recent) + first) is not None:
                 return self._matched(window, offsets, count, first)
