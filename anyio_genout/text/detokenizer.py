@@ -6,14 +6,18 @@ text of ``spaces_between_special_tokens=False``, a bad id giving no text, the re
 library's "invalid prefix" error), and fixes the three places where vLLM's text is wrong.
 
 The guarantee. Let ``D(ids)`` be ``tokenizer.decode(ids, skip_special_tokens=...)``, ``P`` the
-prompt and ``O`` the output ids passed to :meth:`~IncrementalDetokenizer.step`. Then, for every
-way of splitting ``O`` into steps, the texts of all steps followed by
-:meth:`~IncrementalDetokenizer.flush` concatenate to ``D(P + O)[len(C):]``, where ``C`` is the
-longest common prefix of ``D(P)`` and ``D(P + O)``, as long as the library's decode never
-rewrites text it already produced (always for byte-level BPE; for byte-fallback tokenizers
-unless a run of byte tokens that spelled a character is continued into invalid UTF-8, which
-makes ``decode`` turn the whole run, the character included, into U+FFFD). A step's text is
-``""`` while a character is incomplete (no U+FFFD in the middle of a stream).
+prompt, ``O`` the output ids passed to :meth:`~IncrementalDetokenizer.step`, ``P0`` the longest
+prefix of ``P`` whose text does not end in U+FFFD (looked for among the last 16 cuts) and
+``T = D(P)[k:]`` with ``k`` the length of
+the common prefix of ``D(P)`` and ``D(P0)`` (what the prompt's unfinished tail shows: U+FFFD).
+Then the texts of all steps followed by :meth:`~IncrementalDetokenizer.flush` concatenate to
+``D(P + O)[len(D(P0)):]`` less its common prefix with ``T``; when ``D(P)`` ends cleanly this is
+simply ``D(P + O)[len(D(P)):]``. It holds as long as ``decode`` never rewrites text it already
+produced: always for byte-level BPE; for byte-fallback tokenizers unless a run of byte tokens
+that spelled characters is continued into invalid UTF-8 (``ByteFallback`` then turns the whole
+run, the characters included, into U+FFFD, which no stream can take back). A step's text is
+``""`` while a character is incomplete: no U+FFFD in the middle of a stream, except for bytes
+that really are invalid.
 
 Where vLLM differs:
 
