@@ -8,8 +8,8 @@ library's "invalid prefix" error), and fixes the three places where vLLM's text 
 The guarantee. Let ``D(ids)`` be ``tokenizer.decode(ids, skip_special_tokens=...)``, ``P`` the
 prompt, ``O`` the output ids passed to :meth:`~IncrementalDetokenizer.step`, ``P0`` the longest
 prefix of ``P`` whose text does not end in U+FFFD (looked for among the last 16 cuts) and
-``T = D(P)[k:]`` with ``k`` the length of
-the common prefix of ``D(P)`` and ``D(P0)`` (what the prompt's unfinished tail shows: U+FFFD).
+``T = D(P)[k:]``, ``k`` the length of the common prefix of ``D(P)`` and ``D(P0)`` (what the
+prompt's unfinished tail shows: U+FFFD).
 Then the texts of all steps followed by :meth:`~IncrementalDetokenizer.flush` concatenate to
 ``D(P + O)[len(D(P0)):]`` less its common prefix with ``T``; when ``D(P)`` ends cleanly this is
 simply ``D(P + O)[len(D(P)):]``. It holds as long as ``decode`` never rewrites text it already
