@@ -1,0 +1,64 @@
+"""``TextClient``: text in, text out, over a generate-layer :class:`~anyio_genout.Client`."""
+
+from __future__ import annotations
+
+from typing import final
+
+from ..generate import Client
+from .request import TextRequest
+from .stream import ModelEos, TextStream, new_text_stream
+from .tokenizer import Tokenizer
+
+__all__ = ["TextClient"]
+
+
+@final
+class TextClient:
+    """Generate text from vLLM engines with a model folder's tokenizer, one scope per request:
+
+    .. code-block:: python
+
+        text_client = TextClient(client, Tokenizer.from_model_dir("/models/my-model"))
+        async with text_client.generate(TextRequest(prompt="Once upon a time")) as stream:
+            async for out in stream:
+                print(out.text, end="", flush=True)
+
+    It fills in the model's end-of-sequence tokens as vLLM does (see :class:`ModelEos`) and
+    runs the text layer (detokenization, stop strings) in the consumer's task; everything
+    else (scopes, aborts, metrics, health) is the :class:`Client`'s.
+    """
+
+    __slots__ = ("_client", "_eos", "_tokenizer")
+
+    def __init__(self, client: Client, tokenizer: Tokenizer) -> None:
+        """Wrap ``client`` with ``tokenizer`` (usually ``Tokenizer.from_model_dir(folder)``).
+
+        Raises:
+            ValueError: the tokenizer's vocabulary is larger than the client's
+                ``vocab_size``: it belongs to another model (its token ids would be refused).
+        """
+        vocab = client.engine.config.vocab_size
+        if vocab is not None and tokenizer.vocab_size > vocab:
+            raise ValueError(
+                f"the tokenizer's vocabulary ({tokenizer.vocab_size} tokens) does not fit the "
+                f"client's vocab_size={vocab}: is it the engines' model?")
+        self._client = client
+        self._tokenizer = tokenizer
+        self._eos = ModelEos(tokenizer)
+
+    @property
+    def client(self) -> Client:
+        """The generate-layer client underneath (metrics, ``abort``, the engine client)."""
+        return self._client
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    def generate(self, request: TextRequest) -> TextStream:
+        """Start ``request``: ``async with text_client.generate(request) as stream:``.
+
+        Nothing is checked or sent until the ``async with`` block is entered (see
+        :class:`TextStream` for what entering raises and what leaving early does).
+        """
+        return new_text_stream(self._client, self._tokenizer, self._eos, request)

@@ -1,0 +1,64 @@
+"""Sample logprobs with their token strings, as vLLM's logprobs processor decodes them.
+
+Each candidate id is decoded alone (:meth:`Tokenizer.token_strings`); a string that ends in
+U+FFFD (a character whose bytes a byte-fallback tokenizer split across tokens) is decoded
+again in the context of the up to 4 sampled tokens before its position, as vLLM's
+``LogprobsProcessor`` does (``vllm/v1/engine/logprobs.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..protocol import Logprobs
+from .output import TokenLogprob
+from .tokenizer import Tokenizer
+
+__all__ = ["LogprobsDecoder"]
+
+#: Sampled tokens before a position that can complete its character (UTF-8: 4 bytes).
+_CONTEXT: Final = 4
+_REPLACEMENT: Final = "\ufffd"
+
+
+class LogprobsDecoder:
+    """One request's sample logprobs as :class:`TokenLogprob` lists (it keeps the context).
+
+    With ``detokenize=False`` the token strings are ``""`` (vLLM gives None there).
+    """
+
+    __slots__ = ("_detokenize", "_recent", "_tokenizer")
+
+    def __init__(self, tokenizer: Tokenizer, *, detokenize: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._detokenize = detokenize
+        self._recent: list[int] = []
+
+    def decode(self, logprobs: Logprobs, keep: int) -> list[list[TokenLogprob]]:
+        """Per kept position (the first ``keep``): the sampled token, then the top ones."""
+        ids = logprobs.token_ids[:keep]
+        if ids.ndim != 2 or not ids.shape[0]:
+            return []
+        rows, cols = ids.shape
+        flat: list[int] = ids.ravel().tolist()
+        values: list[float] = logprobs.logprobs[:keep].ravel().tolist()
+        ranks: list[int] = logprobs.ranks[:keep].tolist()
+        strings = (self._tokenizer.token_strings(flat) if self._detokenize
+                   else [""] * len(flat))
+        recent = self._recent
+        result = []
+        for row in range(rows):
+            base = row * cols
+            row_ids = flat[base:base + cols]
+            row_strings = strings[base:base + cols]
+            if self._detokenize and recent and any(s.endswith(_REPLACEMENT)
+                                                   for s in row_strings):
+                row_strings = self._tokenizer.token_strings(row_ids,
+                                                            context=recent[-_CONTEXT:])
+            result.append([TokenLogprob(row_ids[col], values[base + col],
+                                        ranks[row] if col == 0 else col, row_strings[col])
+                           for col in range(cols)])
+            recent.append(row_ids[0])
+        if len(recent) > _CONTEXT:
+            del recent[:-_CONTEXT]
+        return result

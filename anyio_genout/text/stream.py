@@ -1,0 +1,322 @@
+"""``TextStream``: one text request's scope and its :class:`TextOutput` deltas.
+
+``async with text_client.generate(request) as stream:`` checks and encodes the request, then
+opens a :class:`~anyio_genout.GenerateStream` for its token ids; ``async for out in stream``
+feeds each output's tokens to a :class:`TextDecoder` (incremental detokenization, stop
+strings, ``min_tokens``) and yields the text. On a stop-string match the stream yields the
+truncated terminal output and closes the token stream under
+:attr:`AbortCause.STOP_STRING_MATCHED` (one ABORT to the engine, counted as
+``finished_reason="stop"``); a match in an output the engine already ended sends nothing.
+
+Like the token stream underneath, the scope opens no cancel scope and no task group and
+leaving it never awaits anything that blocks: an async generator may wrap it
+(docs/concepts.md, "Wrapping a stream"), and leaving it early aborts the request once.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, final
+
+import anyio
+import attrs
+
+from ..errors import InvalidRequestError
+from ..generate import (
+    AbortCause,
+    Client,
+    FinishReason,
+    FinishReasonKind,
+    GenerateOutput,
+    GenerateRequest,
+    GenerateStream,
+)
+from ..protocol import SamplingParams
+from .decoding import TextDecoder
+from .logprobs import LogprobsDecoder
+from .output import CollectedTextOutput, TextOutput, collect_text
+from .request import TextRequest, check_text_request
+from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["ModelEos", "TextStream", "encode_prompt", "new_text_stream"]
+
+#: Passed by :func:`new_text_stream` only: the class has no public constructor.
+_MADE_HERE: Final = object()
+
+
+class ModelEos:
+    """The model folder's end-of-sequence tokens, filled into sampling parameters as vLLM's
+    ``SamplingParams.update_from_generation_config`` does: the primary EOS becomes
+    ``eos_token_id`` (unless the request names one) and the folder's other EOS ids are
+    added to ``stop_token_ids``; nothing with ``ignore_eos``. The last result is kept, so a
+    batch that shares one :class:`SamplingParams` gets one filled copy (and its memos)."""
+
+    __slots__ = ("_last", "eos_token_id", "other_eos_ids")
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_token_id
+        self.other_eos_ids = tuple(t for t in dict.fromkeys(tokenizer.eos_token_ids)
+                                   if t != self.eos_token_id)
+        self._last: tuple[SamplingParams, SamplingParams] | None = None
+
+    def fill(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with the model's EOS ids (anything else is returned as it is)."""
+        if not isinstance(params, SamplingParams) or params.ignore_eos is not False:
+            return params
+        last = self._last
+        if last is not None and last[0] is params:
+            return last[1]
+        changes: dict[str, object] = {}
+        if params.eos_token_id is None and self.eos_token_id is not None:
+            changes["eos_token_id"] = self.eos_token_id
+        extra = tuple(t for t in self.other_eos_ids if t not in params.stop_token_ids)
+        if extra:
+            changes["stop_token_ids"] = (*params.stop_token_ids, *extra)
+        filled = attrs.evolve(params, **changes) if changes else params  # type: ignore[arg-type]
+        self._last = (params, filled)
+        return filled
+
+
+def encode_prompt(tokenizer: Tokenizer, request: TextRequest) -> tuple[str | None, list[int]]:
+    """The prompt text (None for token ids) and the prompt token ids of a request that
+    :func:`check_text_request` passed, as entering its stream makes them.
+
+    Raises:
+        InvalidRequestError: the prompt encodes to no tokens, or malformed ``messages``.
+        ChatTemplateError: the model has no chat template, or the template failed.
+    """
+    if request.prompt_token_ids is not None:
+        return None, list(request.prompt_token_ids)
+    if request.messages is not None:
+        text = tokenizer.apply_chat_template(
+            request.messages, add_generation_prompt=request.add_generation_prompt,
+            **dict(request.chat_template_kwargs or {}))
+        add = False if request.add_special_tokens is None else request.add_special_tokens
+        field = "messages"
+    else:
+        assert request.prompt is not None
+        text = request.prompt
+        add = True if request.add_special_tokens is None else request.add_special_tokens
+        field = "prompt"
+    ids = tokenizer.encode(text, add_special_tokens=add)
+    if not ids:
+        raise InvalidRequestError(field, "encodes to no tokens (the prompt must not be "
+                                  "empty)")
+    return text, ids
+
+
+@final
+class TextStream:
+    """A text request in flight: an async context manager and an async iterator of
+    :class:`TextOutput`.
+
+    Entering checks and encodes the request and sends it; it raises, with nothing sent,
+    :class:`~anyio_genout.InvalidRequestError` (a bad field, named),
+    :class:`~anyio_genout.ChatTemplateError` (``messages`` without a usable chat
+    template), and whatever entering a :class:`~anyio_genout.GenerateStream` raises
+    (:class:`~anyio_genout.DuplicateRequestIdError`, the client's sticky health error).
+    Iterate it from one task: a second task that waits for an output while another one
+    does gets :class:`anyio.BusyResourceError` at once.
+    """
+
+    __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_inner", "_logprobs",
+                 "_prompt", "_prompt_ids", "_prompt_pending", "_request", "_tokenizer")
+
+    def __init__(self, client: Client, tokenizer: Tokenizer, eos: ModelEos,
+                 request: TextRequest, *, _made_by: object = None) -> None:
+        """Made by :meth:`TextClient.generate` (there is no public constructor)."""
+        if _made_by is not _MADE_HERE:
+            raise TypeError("TextStream has no public constructor: use "
+                            "`async with text_client.generate(request) as stream`")
+        self._client = client
+        self._tokenizer = tokenizer
+        self._eos = eos
+        self._request = request
+        self._inner: GenerateStream | None = None
+        self._decoder: TextDecoder | None = None
+        self._logprobs: LogprobsDecoder | None = None
+        self._prompt: str | None = None
+        self._prompt_ids: tuple[int, ...] = ()
+        self._entered = False
+        self._prompt_pending = True
+        self._done = False
+
+    # ------------------------------------------------------------------ scope
+
+    async def __aenter__(self) -> Self:
+        """Check, encode and send the request (see the class docstring for what it raises).
+
+        Raises:
+            InvalidRequestError, ChatTemplateError, DuplicateRequestIdError: nothing was sent.
+            ClientUnhealthyError: the client's sticky health error.
+            RuntimeError: the stream was entered before.
+        """
+        if self._entered:
+            raise RuntimeError("a TextStream can be entered only once")
+        self._entered = True
+        arrival = time.time()  # as vLLM: the wait includes encoding the prompt
+        request = self._request
+        check_text_request(request)
+        tokenizer = self._tokenizer
+        self._prompt, ids = encode_prompt(tokenizer, request)
+        generate_request = GenerateRequest(
+            request_id=request.request_id, prompt_token_ids=ids,
+            sampling_params=self._eos.fill(request.sampling_params),
+            arrival_time=arrival if request.arrival_time is None else request.arrival_time,
+            cache_salt=request.cache_salt, trace_headers=request.trace_headers,
+            priority=request.priority, data_parallel_rank=request.data_parallel_rank,
+            lora_request=request.lora_request)
+        self._prompt_ids = tuple(generate_request.prompt_token_ids)
+        inner = self._client.generate(generate_request)
+        await inner.__aenter__()  # the token-level checks; then the request is sent
+        try:
+            if request.detokenize:
+                self._decoder = TextDecoder(
+                    tokenizer.backend, generate_request.prompt_token_ids, stop=request.stop,
+                    include_stop_str_in_output=request.include_stop_str_in_output,
+                    min_tokens=generate_request.sampling_params.min_tokens,
+                    skip_special_tokens=request.skip_special_tokens,
+                    spaces_between_special_tokens=request.spaces_between_special_tokens)
+        except BaseException:
+            inner.close()
+            raise
+        self._inner = inner
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._done = True
+        if self._inner is not None:
+            await self._inner.__aexit__(exc_type, exc, tb)
+
+    def close(self, cause: AbortCause | None = None) -> None:
+        """Finish with this request now: abort it in the engine if it is still running.
+
+        As :meth:`GenerateStream.close`: ``cause`` overrides :meth:`AbortCause.current` for
+        the metrics; synchronous and idempotent; the iteration ends (a task waiting for an
+        output wakes up and stops); leaving the ``async with`` block afterwards does nothing
+        more.
+        """
+        self._done = True
+        if self._inner is not None:
+            self._inner.close(cause)
+
+    def cancel(self) -> None:
+        """The same as :meth:`close` (see :meth:`GenerateStream.cancel`)."""
+        self.close()
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def request_id(self) -> str:
+        """The internal id the engine knows this request by.
+
+        Raises:
+            RuntimeError: the stream has not been entered.
+        """
+        return self._entered_inner().request_id
+
+    @property
+    def external_request_id(self) -> str:
+        return self._request.request_id
+
+    @property
+    def engine_index(self) -> int:
+        """The data-parallel rank of the engine running the request.
+
+        Raises:
+            RuntimeError: the stream has not been entered.
+        """
+        return self._entered_inner().engine_index
+
+    @property
+    def prompt(self) -> str | None:
+        """The prompt text (the rendered chat template for ``messages``; None for token ids
+        and before entering)."""
+        return self._prompt
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        """The prompt's token ids as sent (empty before entering)."""
+        return self._prompt_ids
+
+    def _entered_inner(self) -> GenerateStream:
+        if self._inner is None:
+            raise RuntimeError("the stream has not been entered")
+        return self._inner
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> TextOutput:
+        """The next output; after the terminal one (or after an error), StopAsyncIteration.
+
+        Raises:
+            ClientUnhealthyError: once, when the client became unhealthy mid-stream.
+            RequestFailedError: once, when only this request failed.
+            anyio.BusyResourceError: another task is waiting on this stream.
+            RuntimeError: the stream has not been entered.
+        """
+        inner = self._inner
+        if inner is None:
+            raise RuntimeError("use `async with text_client.generate(...) as stream` first")
+        if self._done:
+            await anyio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        out = await inner.__anext__()
+        return self._text_output(inner, out)
+
+    def _text_output(self, inner: GenerateStream, out: GenerateOutput) -> TextOutput:
+        tokens = out.token_ids
+        finish = out.finish_reason
+        decoder = self._decoder
+        text = ""
+        if decoder is not None:
+            stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
+                               and (finish.stop_reason is None
+                                    or type(finish.stop_reason) is int))
+            step = decoder.update(tokens, finished=finish is not None,
+                                  stop_terminated=stop_terminated)
+            text = step.text
+            if step.stop_string is not None:
+                if step.keep < len(tokens):
+                    tokens = tokens[:step.keep]
+                if finish is None:
+                    # The engine still generates: free it, counted as a normal stop.
+                    inner.close(AbortCause.STOP_STRING_MATCHED)
+                finish = FinishReason.stop(step.stop_string)
+        if finish is not None:
+            self._done = True
+        logprobs = None
+        if out.logprobs is not None:
+            if self._logprobs is None:
+                self._logprobs = LogprobsDecoder(self._tokenizer,
+                                                 detokenize=self._request.detokenize)
+            logprobs = self._logprobs.decode(out.logprobs, len(tokens))
+        prompt = prompt_ids = None
+        if self._prompt_pending:
+            self._prompt_pending = False
+            prompt, prompt_ids = self._prompt, out.prompt_token_ids
+        return TextOutput(out.request_id, text, tokens, logprobs, finish, prompt_ids, prompt,
+                          out.cached_token_count)
+
+    async def collect_text(self) -> CollectedTextOutput:
+        """Gather the rest of this stream (see :func:`collect_text`).
+
+        Raises:
+            IncompleteStreamError: the outputs ended without a terminal one.
+            OperationalError: what :meth:`__anext__` raises.
+        """
+        return await collect_text(self)
+
+
+def new_text_stream(client: Client, tokenizer: Tokenizer, eos: ModelEos,
+                    request: TextRequest) -> TextStream:
+    """:meth:`TextClient.generate`'s way to make a stream (package-internal)."""
+    return TextStream(client, tokenizer, eos, request, _made_by=_MADE_HERE)

@@ -1,0 +1,203 @@
+"""The text stream over a real mock engine: text deltas, stop strings and their ABORT, the
+scope rules of the token stream underneath (leaving early, one reader, async generators)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator
+
+import anyio
+import pytest
+
+from anyio_genout import FinishReason, SamplingParams
+from anyio_genout.text.client import TextClient
+from anyio_genout.text.output import TextOutput
+from anyio_genout.text.request import TextRequest
+from tests.support import wait_until
+
+from .client_support import PROMPT, predicted, success_total, text_client, tokenizer
+
+pytestmark = pytest.mark.anyio
+
+
+def greedy(max_tokens: int, **params: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **params)  # type: ignore[arg-type]
+
+
+def prompt_ids(prompt: str = PROMPT) -> list[int]:
+    return tokenizer().encode(prompt)
+
+
+def decoded(ids: list[int]) -> str:
+    return tokenizer().decode(ids)
+
+
+def tokens_to_complete(ids: list[int], end: int) -> int:
+    """How many of ``ids`` it takes for their text to reach ``end`` characters."""
+    return next(n for n in range(1, len(ids) + 1) if len(decoded(ids[:n])) >= end)
+
+
+def mid_stream_stop(count: int = 60, at: int = 12, length: int = 6) -> tuple[str, int, str]:
+    """(full text of ``count`` predicted tokens, index of a stop string's first occurrence
+    about ``at`` tokens in, the stop string)."""
+    ids = predicted(prompt_ids(), count)
+    full = decoded(ids)
+    start = len(decoded(ids[:at]))
+    while full.find(full[start:start + length]) != start or not full[start:start + length]:
+        start += 1
+    return full, start, full[start:start + length]
+
+
+async def test_streamed_text_is_the_decoded_token_ids() -> None:
+    async with text_client() as setup:
+        ids = prompt_ids()
+        async with setup.text.generate(TextRequest(prompt=PROMPT,
+                                                   sampling_params=greedy(64))) as stream:
+            outs = [out async for out in stream]
+        tokens = [t for out in outs for t in out.token_ids]
+        assert tokens == predicted(ids, 64)
+        text = "".join(out.text for out in outs)
+        assert text == decoded(tokens) and len(text) > 100
+        assert outs[0].prompt_token_ids == tuple(ids) and outs[0].prompt == PROMPT
+        assert all(out.prompt_token_ids is None and out.prompt is None for out in outs[1:])
+        assert [out.finish_reason for out in outs] == [None] * 63 + [FinishReason.LENGTH]
+        assert success_total(setup.client) == {"length": 1.0}
+
+
+async def test_multi_byte_characters_never_show_half_decoded() -> None:
+    # A prompt whose greedy continuation runs through text in other scripts.
+    prompt = next(p for p in (f"Story {i}:" for i in range(500))
+                  if any(ord(c) > 0x2000 for c in decoded(predicted(prompt_ids(p), 40))))
+    async with text_client() as setup:
+        request = TextRequest(prompt=prompt, sampling_params=greedy(40))
+        async with setup.text.generate(request) as stream:
+            outs = [out async for out in stream]
+    deltas = [out.text for out in outs]
+    assert "".join(deltas) == decoded(predicted(prompt_ids(prompt), 40))
+    assert not any("\ufffd" in delta for delta in deltas)
+    assert "" in deltas[:-1]  # some token completed no character by itself: held, not mangled
+
+
+async def test_a_stop_string_mid_stream_truncates_and_aborts_once_counted_as_stop() -> None:
+    full, start, stop = mid_stream_stop()
+    ids = predicted(prompt_ids(), 60)
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000), stop=[stop, "@@@"])
+        async with setup.text.generate(request) as stream:
+            outs = [out async for out in stream]
+            internal = stream.request_id
+            # The engine is told while the scope is still open.
+            await wait_until(lambda: setup.engine.aborted_ids == [internal])
+        assert "".join(out.text for out in outs) == full[:start]
+        assert outs[-1].finish_reason == FinishReason.stop(stop)
+        assert [out.finished for out in outs].count(True) == 1
+        kept = [t for out in outs for t in out.token_ids]
+        assert kept == ids[:tokens_to_complete(ids, start + len(stop))]
+        await anyio.sleep(0.05)
+        assert setup.engine.aborted_ids == [internal]  # one ABORT, none more on scope exit
+        assert setup.engine.abort_frames == 1
+        assert success_total(setup.client) == {"stop": 1.0}  # not counted as an abort
+        assert setup.client.engine.in_flight == 0
+
+
+async def test_include_stop_str_in_output_keeps_the_match() -> None:
+    full, start, stop = mid_stream_stop()
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000), stop=stop,
+                              include_stop_str_in_output=True)
+        async with setup.text.generate(request) as stream:
+            result = await stream.collect_text()
+        assert result.text == full[:start + len(stop)]
+        assert result.finish_reason == FinishReason.stop(stop)
+        assert success_total(setup.client) == {"stop": 1.0}
+
+
+async def test_min_tokens_ignores_a_stop_string_until_then() -> None:
+    ids = predicted(prompt_ids(), 80)
+    full = decoded(ids)
+    stop = " the"
+    early = full.find(stop)
+    assert early >= 0 and tokens_to_complete(ids, early + len(stop)) < 10
+    minimum = tokens_to_complete(ids, early + len(stop)) + 2
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000, min_tokens=minimum),
+                              stop=[stop])
+        async with setup.text.generate(request) as stream:
+            result = await stream.collect_text()
+    assert result.finish_reason == FinishReason.stop(stop)
+    assert len(result.token_ids) > minimum  # the early match did not count
+    assert result.text.startswith(decoded(ids[:minimum]))
+    assert full.startswith(result.text) and full[len(result.text):].startswith(stop)
+    without = TextRequest(prompt=PROMPT, sampling_params=greedy(1000), stop=[stop])
+    async with text_client(step_time=0.002) as setup, setup.text.generate(without) as stream:
+        assert (await stream.collect_text()).text == full[:early]
+
+
+async def test_a_stop_string_in_the_engines_last_output_sends_no_abort() -> None:
+    ids = predicted(prompt_ids(), 40)
+    # A last token whose text completes a string seen nowhere before: the match is in the
+    # output the engine ends with (max_tokens).
+    count, stop = next((n, decoded(ids[:n])[-4:]) for n in range(20, 40)
+                       if decoded(ids[:n]).find(decoded(ids[:n])[-4:]) == len(
+                           decoded(ids[:n])) - 4 and decoded(ids[:n]) != decoded(ids[:n - 1]))
+    async with text_client() as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(count), stop=stop)
+        async with setup.text.generate(request) as stream:
+            result = await stream.collect_text()
+        assert result.finish_reason == FinishReason.stop(stop)
+        assert result.token_ids == ids[:count]
+        assert result.text == decoded(ids[:count])[:-4]
+        await anyio.sleep(0.05)
+        assert setup.engine.aborted_ids == []  # the engine had finished it already
+
+
+async def test_leaving_early_aborts_once() -> None:
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000), stop=["@@"])
+        async with setup.text.generate(request) as stream:
+            async for _ in stream:
+                break
+            internal = stream.request_id
+        await wait_until(lambda: setup.engine.aborted_ids == [internal])
+        await anyio.sleep(0.05)
+        assert setup.engine.aborted_ids == [internal]
+        assert success_total(setup.client) == {"abort": 1.0}
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+
+
+async def test_a_second_reader_gets_busy_resource_error() -> None:
+    async with text_client(step_time=0.3) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000))
+        async with setup.text.generate(request) as stream:
+            await stream.__anext__()
+            waiting = anyio.Event()
+
+            async def reader() -> None:
+                waiting.set()
+                await stream.__anext__()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(reader)
+                await waiting.wait()
+                await anyio.sleep(0.02)  # the reader waits for the next output
+                with pytest.raises(anyio.BusyResourceError):
+                    await stream.__anext__()
+                tg.cancel_scope.cancel()
+
+
+async def outputs(text: TextClient, request: TextRequest) -> AsyncGenerator[TextOutput, None]:
+    async with text.generate(request) as stream:
+        async for out in stream:
+            yield out
+
+
+async def test_an_async_generator_may_wrap_the_stream() -> None:
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000))
+        with anyio.fail_after(5):
+            async with contextlib.aclosing(outputs(setup.text, request)) as outs:
+                async for _ in outs:
+                    break
+        await wait_until(lambda: len(setup.engine.aborted_ids) == 1)
+        assert setup.client.engine.in_flight == 0
