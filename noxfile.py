@@ -116,6 +116,19 @@ def bench_vllm(session: nox.Session) -> None:
                 external=True)
 
 
+@nox.session(name="bench-text", venv_backend="none")
+def bench_text(session: nox.Session) -> None:
+    """``anyio-genout bench text`` in the interop environment: the text layer's CPU per token
+    (detokenization on and off, DecodeStream.step alone) and vLLM's AsyncLLM detokenizing, in
+    one run on the same mock engine (about 5 minutes). Writes bench-results/text.json.
+    Arguments after ``--`` go to the command (``-- --quick`` for a smoke run).
+    """
+    python, env = _prepare_interop_env(session)
+    session.run(python, "-m", "anyio_genout.bench", "text",
+                "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
+                external=True)
+
+
 # ------------------------------------------------------------------------------------------
 # soak: tools/soak.py, a bounded soak against in-process mock engines with random faults and
 # random cancellations; fails on any leak or mismatch. See docs/reliability.md.
