@@ -19,7 +19,9 @@ from ..engine import EngineCoreClientConfig
 from ..errors import EngineDeadError, UsageError
 from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
+from ..text.tokenizer import Tokenizer
 from ..transport import free_tcp_port
+from .text_model import mock_corpus
 
 __all__ = ["ClientSession", "Interrupt", "free_tcp_port", "interruptible"]
 
@@ -114,11 +116,18 @@ class ClientSession:
       that starts them);
     * ``--vllm-model``: start ``vllm serve --headless`` child processes; a child that exits
       makes the client unhealthy at once (also during start-up).
+
+    With a ``tokenizer`` (text), the client refuses ids outside its vocabulary (unless
+    ``--vocab-size`` says otherwise), and the embedded mock engines continue the shipped
+    corpus encoded with it (corpus mode), with its EOS token, in a vocabulary of at least
+    the mock's default.
     """
 
-    def __init__(self, args: argparse.Namespace, *, quiet: bool = False) -> None:
+    def __init__(self, args: argparse.Namespace, *, quiet: bool = False,
+                 tokenizer: Tokenizer | None = None) -> None:
         self._args = args
         self._quiet = quiet
+        self._tokenizer = tokenizer
         self._stack = AsyncExitStack()
         self.mock_engines: list[MockEngine] = []
 
@@ -140,6 +149,8 @@ class ClientSession:
         if handshake is None:
             handshake = f"tcp://{args.advertised_host}:{free_tcp_port(args.advertised_host)}"
         vocab_size, eos = args.vocab_size, args.eos_token_id
+        tokenizer = self._tokenizer
+        corpus = None
         if args.vllm_model:
             from ..vllm import read_model_eos_token_id, read_model_vocab_size
 
@@ -147,7 +158,13 @@ class ClientSession:
             eos = eos if eos is not None else read_model_eos_token_id(args.vllm_model)
         elif args.handshake_address is None:
             # The embedded mock's vocabulary: the client refuses what would kill it.
-            vocab_size = vocab_size or _MOCK_VOCAB_SIZE
+            vocab_size = vocab_size or max(_MOCK_VOCAB_SIZE, tokenizer.vocab_size
+                                           if tokenizer is not None else 0)
+            if tokenizer is not None:
+                corpus = mock_corpus(tokenizer)
+                eos = eos if eos is not None else tokenizer.eos_token_id
+        elif tokenizer is not None:
+            vocab_size = vocab_size or tokenizer.vocab_size
         # The whole configuration is checked before anything is bound, started or printed.
         config = _client_config(args, handshake, vocab_size, eos)
         engines: Any = None
@@ -170,7 +187,8 @@ class ClientSession:
             try:
                 mocks = [MockEngineConfig(
                     rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
-                    vocab_size=vocab_size, eos_token_id=eos, keep_history=False, linger=0.0)
+                    vocab_size=vocab_size, eos_token_id=eos, keep_history=False, linger=0.0,
+                    corpus_token_ids=corpus)
                     for rank in range(args.mock_engines)]
             except ValueError as exc:
                 raise UsageError(f"invalid mock engine options: {exc}") from None

@@ -1,12 +1,14 @@
 """``anyio-genout run``: a batch job over a JSONL file of requests.
 
 Each input line is ``{"request_id": ..., "prompt_token_ids": [...], "sampling_params":
-{...}}``. Each finished request becomes one output line, written as soon as it finishes, so an
-interrupted or failed run keeps every completed result; ``--resume`` then runs only the rest.
-The input is read as it is needed: memory stays bounded by --concurrency, whatever its size.
-Exit codes: 0 every request finished, 1 some requests failed, input lines were skipped or the
-engines died, 2 a usage error or bad input with ``--strict``, 130 interrupted (Ctrl-C /
-SIGTERM: every in-flight request is aborted in the engine first).
+{...}}``, or has a ``"prompt"`` (text) or ``"messages"`` (chat) instead of the token ids; with
+a tokenizer (see ``--model``) each result also has its ``"text"``. Each finished request
+becomes one output line, written as soon as it finishes, so an interrupted or failed run
+keeps every completed result; ``--resume`` then runs only the rest. The input is read as it
+is needed: memory stays bounded by --concurrency, whatever its size. Exit codes: 0 every
+request finished, 1 some requests failed, input lines were skipped or the engines died, 2 a
+usage error or bad input with ``--strict``, 130 interrupted (Ctrl-C / SIGTERM: every
+in-flight request is aborted in the engine first).
 """
 
 # This module is the command: its parser, its entry and the loop feeding requests to the
@@ -25,6 +27,8 @@ import anyio
 
 from ..errors import UsageError
 from ..generate import Client, GenerateRequest
+from ..text.client import TextClient
+from ..text.request import TextRequest
 from .engines import ClientSession, interruptible
 from .options import add_engine_options, dumps, positive_int
 from .run_input import (
@@ -41,6 +45,7 @@ from .run_input import (
 )
 from .run_output import EXIT_BAD_INPUT, Job, open_output, run_one
 from .run_resume import DoneIds, read_done
+from .text_model import add_model_option, load_tokenizer
 
 __all__ = ["BadLine", "DoneIds", "Job", "LineParser", "LineReader", "Scan", "add_parser",
            "read_done", "run", "run_all", "scan"]
@@ -73,6 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                              "only)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress lines while running (default: off)")
+    add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)
 
@@ -96,6 +102,8 @@ async def run(args: argparse.Namespace) -> int:
 async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
     job = Job(not args.no_progress)
     out: IO[str] | None = None
+    tokenizer = load_tokenizer(args, required=False)
+    text = tokenizer is not None
     try:
         # The signal watcher also covers the scans and the start-up (waiting for engines).
         async with interruptible() as interrupted:
@@ -103,9 +111,9 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
             if source.seekable():
                 found: Scan = await in_thread(scan, source)
                 job.total, repeated = found.total, found.repeated
-            parser = LineParser(repeated)
+            parser = LineParser(repeated, text=text)
             if args.strict:
-                problems = await in_thread(check_all, source, LineParser(repeated))
+                problems = await in_thread(check_all, source, LineParser(repeated, text=text))
                 if problems:
                     print(f"anyio-genout: {problems} invalid line(s); nothing was run "
                           "(--strict)", file=sys.stderr)
@@ -118,8 +126,14 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
                                                 "dropped to run again" if dropped else ""),
                       file=sys.stderr)
             out = open_output(args.output, append=done is not None)
-            async with ClientSession(args) as client:
-                await _serve(args, client, source, parser, done, out, job)
+            async with ClientSession(args, tokenizer=tokenizer) as client:
+                text_client = None
+                if tokenizer is not None:
+                    try:
+                        text_client = TextClient(client, tokenizer)
+                    except ValueError as exc:
+                        raise UsageError(str(exc)) from None
+                await _serve(args, client, source, parser, done, out, job, text_client)
     finally:
         if out is sys.stdout:
             out.flush()
@@ -130,7 +144,8 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
 
 
 async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
-                 parser: LineParser, done: DoneIds | None, out: IO[str], job: Job) -> None:
+                 parser: LineParser, done: DoneIds | None, out: IO[str], job: Job,
+                 text_client: TextClient | None = None) -> None:
     server = None
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -141,7 +156,8 @@ async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
         job.restart()
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.show)
-            await run_all(client, LineReader(source), parser, done, args.concurrency, out, job)
+            await run_all(client, LineReader(source), parser, done, args.concurrency, out, job,
+                          text_client)
             tg.cancel_scope.cancel()
     finally:
         if server is not None:
@@ -149,14 +165,15 @@ async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
 
 
 async def run_all(client: Client, lines: LineReader, parser: LineParser,
-                   done: DoneIds | None, concurrency: int, out: IO[str], job: Job) -> None:
+                   done: DoneIds | None, concurrency: int, out: IO[str], job: Job,
+                   text_client: TextClient | None = None) -> None:
     """Feed parsed requests to ``concurrency`` workers, one at a time as they free up.
 
     The feeder holds at most one parsed request beyond those in flight (the channel has no
     buffer). When the engines die the feeder stops: requests in flight end with an error
     line, the ones not started have no line (``--resume`` runs them).
     """
-    send, receive = anyio.create_memory_object_stream[GenerateRequest](0)
+    send, receive = anyio.create_memory_object_stream[GenerateRequest | TextRequest](0)
     feeder = anyio.CancelScope()
     engine = client.engine
 
@@ -196,7 +213,7 @@ async def run_all(client: Client, lines: LineReader, parser: LineParser,
         async for request in receive:
             if stop_if_dead():
                 return  # not started: no line
-            result = await run_one(client, request)
+            result = await run_one(client, request, text_client)
             out.write(dumps(result) + "\n")
             out.flush()
             if "error" in result:

@@ -3,8 +3,14 @@
 :class:`LineReader` streams lines from a worker thread; :func:`scan` is the counting pass over
 a seekable input (the total for progress, and the ids that may repeat, found with a
 fixed-size Bloom filter, :class:`IdFilter`); :class:`LineParser` turns a line into a
-:class:`~anyio_genout.GenerateRequest` or a :class:`BadLine`; :func:`check_all` is
-``--strict``'s pass over every line first.
+:class:`~anyio_genout.GenerateRequest` (no tokenizer), a :class:`TextRequest` (with one) or a
+:class:`BadLine`; :func:`check_all` is ``--strict``'s pass over every line first.
+
+A line's prompt is one of ``prompt_token_ids``, ``prompt`` (text) and ``messages`` (chat);
+``add_special_tokens``, ``add_generation_prompt`` and ``chat_template_kwargs`` sit beside
+it, and the text options of vLLM's ``SamplingParams`` (``stop``,
+``include_stop_str_in_output``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
+``detokenize``) in ``sampling_params`` with the token-level ones.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import anyio
 
 from ..errors import GenoutError, InvalidRequestError
 from ..generate import GenerateRequest
+from ..text.request import TextRequest, check_text_request
 from .options import sampling_from_mapping
+from .text_model import NO_TOKENIZER
 
 __all__ = ["CHUNK_SIZE", "ID_KEY", "BadLine", "IdFilter", "LineParser", "LineReader", "Scan",
            "check_all", "in_thread", "line_id", "open_input", "quick_id", "scan", "spool"]
@@ -29,8 +37,14 @@ __all__ = ["CHUNK_SIZE", "ID_KEY", "BadLine", "IdFilter", "LineParser", "LineRea
 CHUNK_SIZE: Final = 1 << 16
 
 
+#: Keys of a line that only a text request has (beside ``prompt_token_ids``).
+_TEXT_KEYS: Final = ("prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                     "chat_template_kwargs")
 _KEYS: Final = frozenset({"request_id", "prompt_token_ids", "sampling_params", "priority",
-                          "cache_salt"})
+                          "cache_salt", *_TEXT_KEYS})
+#: vLLM's text options of ``SamplingParams``: in ``sampling_params``, for the text layer.
+_TEXT_SAMPLING_KEYS: Final = ("stop", "include_stop_str_in_output", "skip_special_tokens",
+                              "spaces_between_special_tokens", "detokenize")
 
 
 class BadLine(Exception):
@@ -131,14 +145,17 @@ class LineParser:
     """Turns input lines into requests; refuses a request id seen on an earlier valid line.
 
     ``repeated`` (from :func:`scan`) holds every id that may occur twice: only those are
-    remembered. Without it (an input read once, e.g. stdin) every id is remembered.
+    remembered. Without it (an input read once, e.g. stdin) every id is remembered. With
+    ``text`` (a tokenizer is there) every line becomes a :class:`TextRequest`; without it a
+    line with a text prompt or option is bad.
     """
 
-    def __init__(self, repeated: frozenset[str] | None) -> None:
+    def __init__(self, repeated: frozenset[str] | None, *, text: bool = False) -> None:
         self._repeated = repeated
         self._seen: set[str] = set()
+        self._text = text
 
-    def parse(self, number: int, line: bytes) -> GenerateRequest:
+    def parse(self, number: int, line: bytes) -> GenerateRequest | TextRequest:
         """The request on line ``number``; raises :class:`BadLine` naming the problem."""
         try:
             value = json.loads(line)
@@ -147,7 +164,7 @@ class LineParser:
         except json.JSONDecodeError as exc:
             raise BadLine(f"line {number}: not valid JSON ({exc.msg})") from None
         try:
-            request = self._request(number, value)
+            request = self._request(number, value, self._text)
         except InvalidRequestError as exc:
             raise BadLine(f"line {number}: {exc}") from None
         rid = request.request_id
@@ -159,7 +176,7 @@ class LineParser:
         return request
 
     @staticmethod
-    def _request(number: int, value: object) -> GenerateRequest:
+    def _request(number: int, value: object, text: bool) -> GenerateRequest | TextRequest:
         if not isinstance(value, dict):
             raise InvalidRequestError("line", "must be a JSON object")
         unknown = set(value) - _KEYS
@@ -168,15 +185,37 @@ class LineParser:
         rid = value.get("request_id", f"line-{number}")
         if not isinstance(rid, str) or not rid:
             raise InvalidRequestError("request_id", "must be a non-empty string")
-        prompt = value.get("prompt_token_ids")
-        if not isinstance(prompt, list) or not prompt or not all(
-                type(t) is int and t >= 0 for t in prompt):
-            raise InvalidRequestError("prompt_token_ids",
-                                      "must be a non-empty list of non-negative integers")
-        return GenerateRequest(
-            request_id=rid, prompt_token_ids=prompt,
-            sampling_params=sampling_from_mapping(value.get("sampling_params")),
-            priority=value.get("priority", 0), cache_salt=value.get("cache_salt"))
+        sampling = value.get("sampling_params")
+        options: dict[str, Any] = {}
+        if isinstance(sampling, dict) and not set(_TEXT_SAMPLING_KEYS).isdisjoint(sampling):
+            sampling = dict(sampling)
+            options = {k: sampling.pop(k) for k in _TEXT_SAMPLING_KEYS if k in sampling}
+        params = sampling_from_mapping(sampling)
+        texts = [k for k in _TEXT_KEYS if k in value]
+        if not text:
+            if texts or options:
+                raise InvalidRequestError((texts or list(options))[0], NO_TOKENIZER)
+            return GenerateRequest(
+                request_id=rid, prompt_token_ids=_prompt_token_ids(value),
+                sampling_params=params, priority=value.get("priority", 0),
+                cache_salt=value.get("cache_salt"))
+        if not {"prompt", "messages"} & set(texts):
+            value["prompt_token_ids"] = _prompt_token_ids(value)
+        request = TextRequest(
+            request_id=rid, sampling_params=params, priority=value.get("priority", 0),
+            cache_salt=value.get("cache_salt"), **options,
+            **{k: value[k] for k in ("prompt_token_ids", *_TEXT_KEYS) if k in value})
+        check_text_request(request)
+        return request
+
+
+def _prompt_token_ids(value: dict[str, Any]) -> list[int]:
+    prompt = value.get("prompt_token_ids")
+    if not isinstance(prompt, list) or not prompt or not all(
+            type(t) is int and t >= 0 for t in prompt):
+        raise InvalidRequestError("prompt_token_ids",
+                                  "must be a non-empty list of non-negative integers")
+    return prompt
 
 
 class LineReader:

@@ -13,10 +13,15 @@ import time
 from typing import IO, Any, Final
 
 import anyio
+import attrs
 
 from ..errors import GenoutError, OperationalError
-from ..generate import Client, GenerateRequest
+from ..generate import Client, FinishReason, GenerateRequest
 from ..protocol import Logprobs
+from ..text.client import TextClient
+from ..text.output import TokenLogprob
+from ..text.request import TextRequest
+from ..text.stream import encode_prompt
 from .options import check_max_tokens
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "SHOWN_FAILURES",
@@ -133,7 +138,13 @@ def open_output(name: str, *, append: bool) -> IO[str]:
         raise GenoutError(f"cannot write {name}: {exc.strerror}") from None
 
 
-async def run_one(client: Client, request: GenerateRequest) -> dict[str, Any]:
+async def run_one(client: Client, request: GenerateRequest | TextRequest,
+                  text_client: TextClient | None = None) -> dict[str, Any]:
+    """Run ``request`` (a :class:`TextRequest` needs ``text_client``) and make its result
+    line, or its error line."""
+    if isinstance(request, TextRequest):
+        assert text_client is not None
+        return await _run_text(client, text_client, request)
     arrival = time.time()
     first: float | None = None
     logprobs: list[Logprobs] = []
@@ -156,19 +167,67 @@ async def run_one(client: Client, request: GenerateRequest) -> dict[str, Any]:
         return {"request_id": request.request_id, "error": f"{type(exc).__name__}: {exc}"}
     end = time.time()
     assert finish is not None
+    result = _result(request.request_id, None, tokens, finish, len(request.prompt_token_ids),
+                     cached, first, arrival, end)
+    if request.sampling_params.logprobs is not None:
+        result["logprobs"] = logprob_rows(Logprobs.concat(logprobs))
+    return result
+
+
+async def _run_text(client: Client, text_client: TextClient,
+                    request: TextRequest) -> dict[str, Any]:
+    arrival = time.time()
+    first: float | None = None
+    logprobs: list[list[TokenLogprob]] = []
+    texts: list[str] = []
+    try:
+        # Encoded here, once, so that max_tokens is checked before anything is sent.
+        _, ids = encode_prompt(text_client.tokenizer, request)
+        check_max_tokens(len(ids), request.sampling_params.max_tokens,
+                         client.engine.max_model_len)
+        if request.prompt_token_ids is None:
+            request = attrs.evolve(request, prompt=None, messages=None, prompt_token_ids=ids)
+        async with text_client.generate(request) as stream:
+            tokens: list[int] = []
+            finish = None
+            cached = 0
+            async for out in stream:
+                if first is None and out.token_ids:
+                    first = time.time()
+                texts.append(out.text)
+                tokens.extend(out.token_ids)
+                if out.logprobs is not None:
+                    logprobs.extend(out.logprobs)
+                cached = max(cached, out.cached_token_count)
+                finish = out.finish_reason
+    except GenoutError as exc:
+        return {"request_id": request.request_id, "error": f"{type(exc).__name__}: {exc}"}
+    end = time.time()
+    assert finish is not None
+    result = _result(request.request_id, "".join(texts), tokens, finish, len(ids), cached,
+                     first, arrival, end)
+    if request.sampling_params.logprobs is not None:
+        result["logprobs"] = [[[entry.token_id, round(entry.logprob, 6), entry.rank]
+                               for entry in position] for position in logprobs]
+    return result
+
+
+def _result(request_id: str, text: str | None, tokens: list[int], finish: FinishReason,
+            prompt_len: int, cached: int, first: float | None, arrival: float,
+            end: float) -> dict[str, Any]:
     stop = finish.stop_reason
-    result: dict[str, Any] = {
-        "request_id": request.request_id,
+    result: dict[str, Any] = {"request_id": request_id}
+    if text is not None:
+        result["text"] = text
+    result.update({
         "token_ids": tokens,
         "finish_reason": finish.as_str(),
         "stop_reason": list(stop) if isinstance(stop, tuple) else stop,
-        "usage": {"prompt_tokens": len(request.prompt_token_ids),
-                  "output_tokens": len(tokens), "cached_tokens": cached},
+        "usage": {"prompt_tokens": prompt_len, "output_tokens": len(tokens),
+                  "cached_tokens": cached},
         "ttft": None if first is None else round(first - arrival, 6),
         "e2e_latency": round(end - arrival, 6),
-    }
-    if request.sampling_params.logprobs is not None:
-        result["logprobs"] = logprob_rows(Logprobs.concat(logprobs))
+    })
     return result
 
 
