@@ -33,7 +33,7 @@ from ..generate import (
     GenerateStream,
 )
 from ..protocol import SamplingParams
-from .decoding import TextDecoder
+from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder
 from .output import CollectedTextOutput, TextOutput, collect_text
 from .request import TextRequest, check_text_request
@@ -270,19 +270,32 @@ class TextStream:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
         out = await inner.__anext__()
-        return self._text_output(inner, out)
+        # The common output (once per token): no finish, no logprobs, not the first.
+        if (out.finish_reason is None and out.logprobs is None and not self._prompt_pending
+                and not out.cached_token_count):
+            decoder = self._decoder
+            if decoder is None:
+                return TextOutput(out.request_id, "", out.token_ids)
+            step = decoder.update(out.token_ids, finished=False, stop_terminated=False)
+            if step.stop_string is None:
+                return TextOutput(out.request_id, step.text, out.token_ids)
+            return self._text_output(inner, out, step)
+        return self._text_output(inner, out, None)
 
-    def _text_output(self, inner: GenerateStream, out: GenerateOutput) -> TextOutput:
+    def _text_output(self, inner: GenerateStream, out: GenerateOutput,
+                     step: TextStep | None) -> TextOutput:
+        """The output for ``out`` (``step``: what the decoder already made of it)."""
         tokens = out.token_ids
         finish = out.finish_reason
         decoder = self._decoder
         text = ""
         if decoder is not None:
-            stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
-                               and (finish.stop_reason is None
-                                    or type(finish.stop_reason) is int))
-            step = decoder.update(tokens, finished=finish is not None,
-                                  stop_terminated=stop_terminated)
+            if step is None:
+                stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
+                                   and (finish.stop_reason is None
+                                        or type(finish.stop_reason) is int))
+                step = decoder.update(tokens, finished=finish is not None,
+                                      stop_terminated=stop_terminated)
             text = step.text
             if step.stop_string is not None:
                 if step.keep < len(tokens):
