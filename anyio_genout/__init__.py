@@ -13,6 +13,7 @@ from .engine import (
     EngineCoreStreamOutput,
 )
 from .errors import (
+    ChatTemplateError,
     ClientClosedError,
     ClientUnhealthyError,
     DuplicateRequestIdError,
@@ -23,6 +24,7 @@ from .errors import (
     IncompleteStreamError,
     InconsistentUtilityResultsError,
     InvalidRequestError,
+    ModelFolderError,
     OperationalError,
     ProtocolError,
     RequestFailedError,
@@ -52,6 +54,8 @@ from .metrics import Metrics
 from .protocol import EngineCoreRequest, LoRARequest, SamplingParams, StructuredOutputsParams
 
 __all__ = [
+    "ChatTemplateError",
+    "ModelFolderError",
     "AbortCause",
     "Client",
     "ClientConfig",

@@ -19,7 +19,6 @@ import pytest
 
 from anyio_genout import (
     ChatTemplateError,
-    ModelFolderError,
     ClientClosedError,
     ClientUnhealthyError,
     DuplicateRequestIdError,
@@ -30,6 +29,7 @@ from anyio_genout import (
     IncompleteStreamError,
     InconsistentUtilityResultsError,
     InvalidRequestError,
+    ModelFolderError,
     OperationalError,
     ProtocolError,
     RequestFailedError,
