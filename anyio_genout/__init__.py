@@ -2,7 +2,8 @@
 
 Layers, bottom up: :mod:`anyio_genout.protocol` (the wire format, sans I/O),
 :mod:`anyio_genout.transport` (ZeroMQ on AnyIO), :mod:`anyio_genout.engine` (the raw
-engine-core client), the generate layer (:class:`Client`), :mod:`anyio_genout.mock` (an engine
+engine-core client), the generate layer (:class:`Client`), the text layer (:mod:`anyio_genout.text`:
+:class:`TextClient`), :mod:`anyio_genout.mock` (an engine
 core emulator) and the ``anyio-genout`` command line.
 """
 
@@ -52,8 +53,26 @@ from .generate import (
 )
 from .metrics import Metrics
 from .protocol import EngineCoreRequest, LoRARequest, SamplingParams, StructuredOutputsParams
+from .text import (
+    CollectedTextOutput,
+    TextClient,
+    TextOutput,
+    TextRequest,
+    TextStream,
+    Tokenizer,
+    TokenLogprob,
+    collect_text,
+)
 
 __all__ = [
+    "CollectedTextOutput",
+    "TextClient",
+    "TextOutput",
+    "TextRequest",
+    "TextStream",
+    "TokenLogprob",
+    "Tokenizer",
+    "collect_text",
     "ChatTemplateError",
     "ModelFolderError",
     "AbortCause",

@@ -31,12 +31,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 API_DOC = ROOT / "docs" / "api.md"
-MODULES = ("anyio_genout", "anyio_genout.metrics", "anyio_genout.mock", "anyio_genout.vllm")
+MODULES = ("anyio_genout", "anyio_genout.metrics", "anyio_genout.mock", "anyio_genout.text",
+           "anyio_genout.vllm")
 
 #: Classes users get from the library and never construct: their constructors are internal.
 NOT_CONSTRUCTED = {
     "EngineCoreClient": "made by EngineCoreClient.connect",
     "GenerateStream": "made by Client.generate",
+    "TextStream": "made by TextClient.generate",
     "EngineCoreOutputStream": "made by EngineCoreClient.call",
     "RequestTracker": "made by Metrics.tracker",
 }
