@@ -60,8 +60,8 @@ class GenerateStream:
     """
 
     __slots__ = ("_aborted", "_done", "_engine", "_engine_request", "_entered", "_external_id",
-                 "_guard", "_inflight", "_matcher", "_metrics", "_number", "_prompt_pending",
-                 "_raw", "_tracker")
+                 "_finish_pending", "_guard", "_inflight", "_matcher", "_metrics", "_number",
+                 "_prompt_pending", "_raw", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                  engine_request: EngineCoreRequest, *, callers_ids: bool,
@@ -89,6 +89,9 @@ class GenerateStream:
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._prompt_pending = True
         self._done = False
+        # The terminal output's (received_at, finish label), recorded in the metrics when the
+        # caller next touches the stream: a layer above may still re-label it (close(cause)).
+        self._finish_pending: tuple[float, str] | None = None
 
     # ------------------------------------------------------------------ scope
 
@@ -131,7 +134,12 @@ class GenerateStream:
         self._release()
 
     def _release(self, cause: AbortCause | None = None) -> None:
-        """Close the request (abort it if live), record an early exit, release tracking."""
+        """Close the request (abort it if live), record an early exit, release tracking.
+
+        A terminal output not yet recorded is recorded now, under ``cause``'s finished reason
+        if one was given (a layer above matched a stop string in it), else its own."""
+        if self._finish_pending is not None:
+            self._record_finish(None if cause is None else cause.finished_reason)
         raw = self._raw
         if raw is not None and not self._done:
             self._done = True
@@ -153,12 +161,20 @@ class GenerateStream:
             self._guard.release()
             self._guard = None
 
+    def _record_finish(self, label: str | None) -> None:
+        pending = self._finish_pending
+        assert pending is not None and self._tracker is not None
+        self._finish_pending = None
+        self._tracker.record_finished(pending[0], pending[1] if label is None else label)
+
     def close(self, cause: AbortCause | None = None) -> None:
         """Finish with this request now: abort it in the engine if it is still running.
 
         ``cause`` overrides :meth:`AbortCause.current` (read in the calling task) for the
         metrics (e.g. ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above
-        matched a stop condition). Synchronous and idempotent; leaving the ``async with``
+        matched a stop condition); called right after the terminal output, before the next
+        iteration step, ``cause`` also re-labels that output's finished reason in the metrics
+        (a stop string matched in the engine's last output counts as "stop"). Synchronous and idempotent; leaving the ``async with``
         block afterwards does nothing more. The iteration ends: the next ``async for`` step
         stops, and one that waits for an output in another task wakes up and stops.
         """
@@ -213,6 +229,8 @@ class GenerateStream:
         raw = self._raw
         if raw is None:
             raise RuntimeError("use `async with client.generate(...) as stream` first")
+        if self._finish_pending is not None:
+            self._record_finish(None)
         if self._done and not raw.terminated:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
@@ -272,7 +290,7 @@ class GenerateStream:
             spec_metrics,
         )
         if finish is not None:
-            tracker.record_finished(received_at, finish.as_str())
+            self._finish_pending = (received_at, finish.as_str())
             if finish_reason is EngineCoreFinishReason.ABORT and self._aborted is not None:
                 # client.abort(): the engine may have made outputs before it read the ABORT.
                 self._aborted.aborted(rid, raw.engine_index)

@@ -300,9 +300,8 @@ class TextStream:
             if step.stop_string is not None:
                 if step.keep < len(tokens):
                     tokens = tokens[:step.keep]
-                if finish is None:
-                    # The engine still generates: free it, counted as a normal stop.
-                    inner.close(AbortCause.STOP_STRING_MATCHED)
+                # A live request is freed (one ABORT); either way the metrics count "stop".
+                inner.close(AbortCause.STOP_STRING_MATCHED)
                 finish = FinishReason.stop(step.stop_string)
         if finish is not None:
             self._done = True

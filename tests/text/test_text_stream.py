@@ -149,6 +149,8 @@ async def test_a_stop_string_in_the_engines_last_output_sends_no_abort() -> None
         assert result.text == decoded(ids[:count])[:-4]
         await anyio.sleep(0.05)
         assert setup.engine.aborted_ids == []  # the engine had finished it already
+        # Counted as vLLM counts it: the request stopped on a stop string, not on its length.
+        assert success_total(setup.client) == {"stop": 1.0}
 
 
 async def test_leaving_early_aborts_once() -> None:
