@@ -15,7 +15,11 @@ rounds of each rung's CPU per token is reported, and its excess over the ``step`
 4. ``decoder+stop2``: the same with two stop strings (held back, searched, never matching);
 5. ``output``: rung 3 plus building the :class:`~anyio_genout.text.TextOutput` a stream
    yields per output;
-6. ``vllm``: vLLM 0.32's ``FastIncrementalDetokenizer`` ``update`` + ``get_next_output_text``
+6. ``bytetable``: a prototype, not the layer's code: byte-level BPE decoded from a table of
+   each token's bytes (the ``ByteLevel`` decoder's own mapping), pending bytes kept until they
+   decode without a trailing U+FFFD, as ``DecodeStream`` emits; the script checks that its
+   text equals :class:`IncrementalDetokenizer`'s on every sequence first;
+7. ``vllm``: vLLM 0.32's ``FastIncrementalDetokenizer`` ``update`` + ``get_next_output_text``
    (what its ``OutputProcessor`` calls per output), with the same two stop strings; only
    where vLLM is installed.
 
@@ -97,11 +101,76 @@ def rungs(with_vllm: bool) -> dict[str, Rung]:
             return one
         return _timed(prompts, sequences, make)
 
+    table = byte_table(backend)
+
+    def bytetable(prompts: Sequence[list[int]], sequences: Sequence[list[int]]) -> float:
+        return _timed(prompts, sequences, lambda p: ByteTableDecoder(table, p).step)
+
     found: dict[str, Rung] = {"step": step, "detok": detok, "decoder": decoder(()),
-                              "decoder+stop2": decoder(STOP_STRINGS), "output": output}
+                              "decoder+stop2": decoder(STOP_STRINGS), "output": output,
+                              "bytetable": bytetable}
     if with_vllm:
         found["vllm"] = _vllm_rung()
     return found
+
+
+def byte_table(tokenizer: Any) -> list[bytes]:
+    """Each token's bytes, as the ``ByteLevel`` decoder maps its characters (GPT-2's table);
+    special tokens give none (``skip_special_tokens``)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
+                 *range(ord("\xae"), ord("\xff") + 1)]
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    byte_of = {chr(c): b for b, c in zip(printable, chars, strict=True)}
+    added = tokenizer.get_added_tokens_decoder()
+    return [b"" if i in added and added[i].special
+            else bytes(byte_of[c] for c in tokenizer.id_to_token(i))
+            for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
+
+
+class ByteTableDecoder:
+    """The prototype: pending bytes, text once they decode without a trailing U+FFFD."""
+
+    __slots__ = ("_pending", "_table")
+
+    def __init__(self, table: list[bytes], prompt: Sequence[int]) -> None:
+        self._table = table
+        data = b"".join(table[t] for t in prompt)
+        cut = len(data)
+        while cut > max(len(data) - 3, 0) and \
+                data[:cut].decode(errors="replace").endswith("\ufffd"):
+            cut -= 1  # the prompt's unfinished last character stays pending
+        self._pending = data[cut:] if data[:cut].decode(errors="replace") != \
+            data.decode(errors="replace") else b""
+
+    def step(self, token_id: int) -> str:
+        data = self._pending + self._table[token_id]
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = data.decode(errors="replace")
+            if text.endswith("\ufffd"):
+                self._pending = data
+                return ""
+        self._pending = b""
+        return text
+
+
+def check_bytetable(prompts: Sequence[list[int]], sequences: Sequence[list[int]]) -> None:
+    """The prototype's text equals the layer's (bytes still pending at the end aside)."""
+    backend = bundled_tokenizer().backend
+    table = byte_table(backend)
+    for prompt, sequence in zip(prompts, sequences, strict=True):
+        ours = IncrementalDetokenizer(backend, prompt)
+        prototype = ByteTableDecoder(table, prompt)
+        expected = "".join(ours.step(t) for t in sequence)
+        got = "".join(prototype.step(t) for t in sequence)
+        assert got == expected, (prompt, got[:40], expected[:40])
 
 
 def _vllm_rung() -> Rung:
@@ -154,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = text_prompts(corpus, args.streams, 16 + args.tokens)
     sequences = [p[16:] for p in prompts]
     prompts = [p[:16] for p in prompts]
+    check_bytetable(prompts, sequences)
     ladder = rungs(with_vllm)
     for rung in ladder.values():  # warm-up
         rung(prompts[:4], sequences[:4])
