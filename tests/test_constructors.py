@@ -7,14 +7,16 @@ from typing import Any
 
 import pytest
 
-from anyio_genout import EngineCoreOutputStream, GenerateStream
+from anyio_genout import EngineCoreOutputStream, GenerateStream, TextStream
 
 
-@pytest.mark.parametrize(("cls", "hint"), [
-    (GenerateStream, "client.generate(request)"),
-    (EngineCoreOutputStream, "EngineCoreClient.call()"),
+@pytest.mark.parametrize(("cls", "args", "kwargs", "hint"), [
+    (GenerateStream, 4, {"callers_ids": False}, "client.generate(request)"),
+    (EngineCoreOutputStream, 5, {}, "EngineCoreClient.call()"),
+    (TextStream, 4, {}, "text_client.generate(request)"),
 ])
-def test_a_stream_has_no_public_constructor(cls: Any, hint: str) -> None:
+def test_a_stream_has_no_public_constructor(cls: Any, args: int, kwargs: dict[str, Any],
+                                            hint: str) -> None:
     with pytest.raises(TypeError, match="no public constructor") as exc:
-        cls(*([None] * 4), callers_ids=False) if cls is GenerateStream else cls(*([None] * 5))
+        cls(*([None] * args), **kwargs)
     assert hint in str(exc.value)
