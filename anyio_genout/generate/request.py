@@ -56,7 +56,7 @@ class GenerateRequest:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params", f"must be a SamplingParams, got "
                                       f"{type(params).__name__}")
-        if eos_token_id is not None and params.eos_token_id is None and params.ignore_eos is False:
+        if eos_token_id is not None and params.eos_token_id is None:
             params = params.with_eos_token_id(eos_token_id)
         return EngineCoreRequest(
             request_id=internal_id,

@@ -305,8 +305,11 @@ class SamplingParams:
             wire["prompt_logprobs"] = self.prompt_logprobs
         wire["output_kind"] = OUTPUT_KIND_DELTA
         all_stop = dict.fromkeys(stop_ids)
-        if self.eos_token_id is not None and not self.ignore_eos:
-            wire["_eos_token_id"] = self.eos_token_id
+        if self.eos_token_id is not None:
+            # As vLLM: EOS stops the request unless ignore_eos, and min_tokens holds it back
+            # either way.
+            if not self.ignore_eos:
+                wire["_eos_token_id"] = self.eos_token_id
             all_stop[self.eos_token_id] = None
         if all_stop:
             wire["_all_stop_token_ids"] = list(all_stop)
@@ -332,6 +335,12 @@ class SamplingParams:
         """Rebuild from a wire map (engine side; unknown keys ignored as vLLM does)."""
         bad = wire.get("_bad_words_token_ids")
         structured = wire.get("structured_outputs")
+        eos = wire.get("_eos_token_id")
+        if eos is None and wire.get("ignore_eos"):
+            # An ignored EOS travels only in _all_stop_token_ids (min_tokens holds it back).
+            extra = [t for t in wire.get("_all_stop_token_ids") or ()
+                     if t not in (wire.get("stop_token_ids") or ())]
+            eos = extra[0] if len(extra) == 1 else None
         return cls(
             n=wire.get("n", 1),
             presence_penalty=wire.get("presence_penalty", 0.0),
@@ -348,7 +357,7 @@ class SamplingParams:
             min_tokens=wire.get("min_tokens", 0),
             logprobs=wire.get("logprobs"),
             prompt_logprobs=wire.get("prompt_logprobs"),
-            eos_token_id=wire.get("_eos_token_id"),
+            eos_token_id=eos,
             bad_words_token_ids=bad,
             logit_bias=wire.get("logit_bias"),
             allowed_token_ids=wire.get("allowed_token_ids"),
@@ -360,8 +369,8 @@ class SamplingParams:
 
     @property
     def all_stop_token_ids(self) -> frozenset[int]:
-        """Stop tokens plus EOS (unless ignored): the tokens ``min_tokens`` holds back."""
+        """Stop tokens plus EOS (even if ignored): the tokens ``min_tokens`` holds back."""
         ids = set(self.stop_token_ids)
-        if self.eos_token_id is not None and not self.ignore_eos:
+        if self.eos_token_id is not None:
             ids.add(self.eos_token_id)
         return frozenset(ids)

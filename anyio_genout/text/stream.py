@@ -52,7 +52,8 @@ class ModelEos:
     """The model folder's end-of-sequence tokens, filled into sampling parameters as vLLM's
     ``SamplingParams.update_from_generation_config`` does: the primary EOS becomes
     ``eos_token_id`` (unless the request names one) and the folder's other EOS ids are
-    added to ``stop_token_ids``; nothing with ``ignore_eos``. The last result is kept, so a
+    added to ``stop_token_ids`` unless ``ignore_eos`` (with it, the primary EOS only holds
+    back under ``min_tokens``, as in vLLM). The last result is kept, so a
     batch that shares one :class:`SamplingParams` gets one filled copy (and its memos)."""
 
     __slots__ = ("_last", "eos_token_id", "other_eos_ids")
@@ -65,7 +66,7 @@ class ModelEos:
 
     def fill(self, params: SamplingParams) -> SamplingParams:
         """``params`` with the model's EOS ids (anything else is returned as it is)."""
-        if not isinstance(params, SamplingParams) or params.ignore_eos is not False:
+        if not isinstance(params, SamplingParams) or type(params.ignore_eos) is not bool:
             return params
         last = self._last
         if last is not None and last[0] is params:
@@ -73,7 +74,8 @@ class ModelEos:
         changes: dict[str, object] = {}
         if params.eos_token_id is None and self.eos_token_id is not None:
             changes["eos_token_id"] = self.eos_token_id
-        extra = tuple(t for t in self.other_eos_ids if t not in params.stop_token_ids)
+        extra = () if params.ignore_eos else tuple(
+            t for t in self.other_eos_ids if t not in params.stop_token_ids)
         if extra:
             changes["stop_token_ids"] = (*params.stop_token_ids, *extra)
         filled = attrs.evolve(params, **changes) if changes else params  # type: ignore[arg-type]

@@ -146,7 +146,7 @@ async def test_eos_token_id_is_filled_from_the_client_config() -> None:
         cases = {
             "default": (SamplingParams(max_tokens=4), 2),
             "explicit": (SamplingParams(max_tokens=4, eos_token_id=9), 9),
-            "ignored": (SamplingParams(max_tokens=4, ignore_eos=True), None),
+            "ignored": (SamplingParams(max_tokens=4, ignore_eos=True), 2),
         }
         for name, (params, expected) in cases.items():
             req = GenerateRequest(request_id=name, prompt_token_ids=[11, 22],
@@ -154,5 +154,9 @@ async def test_eos_token_id_is_filled_from_the_client_config() -> None:
             async with client.generate(req):
                 add = await engine.receive_add()
                 assert add.request.sampling_params.eos_token_id == expected, name
-                assert add.sampling_wire.get("_eos_token_id") == expected, name
+                # An ignored EOS does not stop the request, but min_tokens holds it back
+                # (vLLM sends it in _all_stop_token_ids only).
+                assert add.sampling_wire.get("_eos_token_id") == (
+                    None if params.ignore_eos else expected), name
+                assert expected in add.sampling_wire["_all_stop_token_ids"], name
             await engine.receive_abort()

@@ -162,14 +162,17 @@ def test_prepare_rejects_invalid_fields(bad: dict[str, object]) -> None:
     assert info.value.field == next(iter(bad))
 
 
-def test_prepare_fills_eos_token_id_unless_set_or_ignored() -> None:
+def test_prepare_fills_eos_token_id_unless_set() -> None:
     def eos(params: SamplingParams) -> int | None:
         return _request(sampling_params=params).to_engine_request(
             "x", eos_token_id=2).sampling_params.eos_token_id
 
     assert eos(SamplingParams()) == 2
     assert eos(SamplingParams(eos_token_id=9)) == 9  # the request's own wins
-    assert eos(SamplingParams(ignore_eos=True)) is None
+    # Filled even when ignored, as vLLM does: min_tokens still holds EOS back.
+    assert eos(SamplingParams(ignore_eos=True)) == 2
+    assert "_eos_token_id" not in SamplingParams(ignore_eos=True, eos_token_id=2).to_wire()
+    assert SamplingParams(ignore_eos=True, eos_token_id=2).to_wire()["_all_stop_token_ids"] == [2]
     assert _request().to_engine_request("x").sampling_params.eos_token_id is None
 
 

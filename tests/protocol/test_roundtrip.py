@@ -307,7 +307,9 @@ def _expected_params(request: EngineCoreRequest) -> SamplingParams:
         stop_token_ids=tuple(dict.fromkeys(p.stop_token_ids)),
         stop_token_sequences=(),  # matched by the client, never sent
         max_tokens=16 if tokens is None else tokens,
-        eos_token_id=None if p.ignore_eos else p.eos_token_id,
+        # An ignored EOS travels only as an extra stop id of _all_stop_token_ids.
+        eos_token_id=(None if p.ignore_eos and p.eos_token_id in p.stop_token_ids
+                      else p.eos_token_id),
         bad_words_token_ids=p.bad_words_token_ids or None,
         logit_bias={k: float(v) for k, v in p.logit_bias.items()} if p.logit_bias else None,
         extra_args=p.extra_args or None,
