@@ -198,6 +198,7 @@ async def _stream_tokens(scope: GenerateStream, args: argparse.Namespace,
     finally:
         if progress.count and not with_logprobs:
             sys.stdout.write("\n")  # the tokens' line ends, whatever ended the stream
+            sys.stdout.flush()
 
 
 async def _generate_text(text_client: TextClient, tokenizer: Tokenizer, request: TextRequest,
@@ -224,3 +225,4 @@ async def _generate_text(text_client: TextClient, tokenizer: Tokenizer, request:
     finally:
         if written and not written.endswith("\n"):
             sys.stdout.write("\n")
+            sys.stdout.flush()  # before the summary on stderr
