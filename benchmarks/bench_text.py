@@ -46,10 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tokenizers.decoders import DecodeStream
 
 from anyio_genout.bench.text import STOP_STRINGS, text_prompts
-from anyio_genout.text.bundled import bundled_corpus, bundled_model_dir, bundled_tokenizer
-from anyio_genout.text.decoding import TextDecoder
+from anyio_genout.text import (
+    TextDecoder,
+    TextOutput,
+    bundled_corpus,
+    bundled_model_dir,
+    bundled_tokenizer,
+)
 from anyio_genout.text.detokenizer import IncrementalDetokenizer
-from anyio_genout.text.output import TextOutput
 
 Rung = Callable[[Sequence[list[int]], Sequence[list[int]]], float]
 

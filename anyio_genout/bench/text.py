@@ -46,10 +46,7 @@ from typing import Any, Final
 import anyio
 
 from .. import Client, ClientConfig, EngineCoreClientConfig, GenerateRequest, SamplingParams
-from ..text.bundled import bundled_model_dir
-from ..text.client import TextClient
-from ..text.request import TextRequest
-from ..text.tokenizer import Tokenizer
+from ..text import TextClient, TextRequest, Tokenizer, bundled_model_dir
 from .measure import EngineProcess, Meter, free_port, freeze_gc
 from .spec import CellSpec, Result, summarise
 

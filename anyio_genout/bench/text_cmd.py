@@ -149,8 +149,7 @@ def _progress(result: Result, seconds: float) -> str:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Measure, write the results, print the table and the targets; exit status 1 if a cell
     failed, 2 if an extra is missing or vLLM is asked for without ``--model``."""
-    from ..text.bundled import bundled_corpus
-    from ..text.tokenizer import Tokenizer
+    from ..text import Tokenizer, bundled_corpus
     from .measure import wait_until_quiet
     from .text import corpus_token_ids, make_model_dir
     from .text_report import build_text_report, format_text_table

@@ -26,11 +26,15 @@ import anyio
 import pytest
 
 from anyio_genout import Client, SamplingParams
-from anyio_genout.text.bundled import bundled_model_dir
-from anyio_genout.text.client import TextClient
-from anyio_genout.text.output import CollectedTextOutput, TextOutput, collect_text
-from anyio_genout.text.request import TextRequest
-from anyio_genout.text.tokenizer import Tokenizer
+from anyio_genout.text import (
+    CollectedTextOutput,
+    TextClient,
+    TextOutput,
+    TextRequest,
+    Tokenizer,
+    bundled_model_dir,
+    collect_text,
+)
 from anyio_genout.vllm import VllmEngines
 
 from .conftest import INTEROP_TIMEOUT, RealVllm, running_client, unique_id
