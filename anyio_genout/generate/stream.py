@@ -174,9 +174,10 @@ class GenerateStream:
         metrics (e.g. ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above
         matched a stop condition); called right after the terminal output, before the next
         iteration step, ``cause`` also re-labels that output's finished reason in the metrics
-        (a stop string matched in the engine's last output counts as "stop"). Synchronous and idempotent; leaving the ``async with``
-        block afterwards does nothing more. The iteration ends: the next ``async for`` step
-        stops, and one that waits for an output in another task wakes up and stops.
+        (a stop string matched in the engine's last output counts as "stop"). Synchronous
+        and idempotent; leaving the ``async with`` block afterwards does nothing more. The
+        iteration ends: the next ``async for`` step stops, and one that waits for an output
+        in another task wakes up and stops.
         """
         self._release(cause)
 

@@ -15,6 +15,7 @@ import attrs
 
 from ..errors import InvalidRequestError
 from ..protocol import LoRARequest, SamplingParams
+from ..protocol.sampling import token_ids
 
 __all__ = ["TextRequest", "check_text_request", "text_request_id"]
 
@@ -98,7 +99,8 @@ def check_text_request(request: TextRequest) -> None:
 
     Raises:
         InvalidRequestError: naming the field: not exactly one of ``prompt``, ``messages``
-            and ``prompt_token_ids``; a ``prompt`` that is not a string; ``messages`` that
+            and ``prompt_token_ids``; a ``prompt`` that is not a string;
+            ``prompt_token_ids`` that are not a sequence; ``messages`` that
             are not a non-empty list of mappings; ``stop`` that is not strings, or has an
             empty one; ``stop`` with ``detokenize=False`` (vLLM refuses it too); a flag that
             is not a bool; ``chat_template_kwargs`` that is not a mapping of strings or sets
@@ -117,6 +119,10 @@ def check_text_request(request: TextRequest) -> None:
     if request.prompt is not None and not isinstance(request.prompt, str):
         raise InvalidRequestError("prompt", f"must be a string, got "
                                   f"{type(request.prompt).__name__}")
+    if request.prompt_token_ids is not None:
+        # A non-sequence (an int, a string) is refused here; the ids themselves are checked
+        # by the generate layer's one validation when the request is sent.
+        token_ids(request.prompt_token_ids, "prompt_token_ids")
     messages = request.messages
     if messages is not None:
         if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):

@@ -48,6 +48,10 @@ __all__ = ["ModelEos", "TextStream", "encode_prompt", "new_text_stream"]
 _MADE_HERE: Final = object()
 
 
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
 class ModelEos:
     """The model folder's end-of-sequence tokens, filled into sampling parameters as vLLM's
     ``SamplingParams.update_from_generation_config`` does: the primary EOS becomes
@@ -66,7 +70,8 @@ class ModelEos:
 
     def fill(self, params: SamplingParams) -> SamplingParams:
         """``params`` with the model's EOS ids (anything else is returned as it is)."""
-        if not isinstance(params, SamplingParams) or type(params.ignore_eos) is not bool:
+        # Validation refuses what is not SamplingParams or not a bool when the request is sent.
+        if not isinstance(params, SamplingParams) or not _is_bool(params.ignore_eos):
             return params
         last = self._last
         if last is not None and last[0] is params:

@@ -143,6 +143,10 @@ async def test_detokenize_false_gives_tokens_without_text() -> None:
      "chat_template_kwargs"),
     ({"prompt": PROMPT, "sampling_params": {"max_tokens": 3}}, "sampling_params"),
     ({"prompt_token_ids": [1, 32000]}, "prompt_token_ids[1]"),
+    ({"prompt_token_ids": 5}, "prompt_token_ids"),
+    ({"prompt_token_ids": "abc"}, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids[1]"),
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
     ({"prompt": PROMPT, "sampling_params": SamplingParams(min_tokens=-1)}, "min_tokens"),
 ])
 async def test_a_bad_request_is_refused_naming_the_field_with_nothing_sent(
