@@ -45,8 +45,8 @@ def test_generate_streams_tokens_then_a_summary(backend: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_readme_first_command_through_the_console_script() -> None:
-    """``anyio-genout generate --prompt-token-ids 1,2,3 --max-tokens 32``, verbatim."""
+def test_the_token_ids_command_through_the_console_script() -> None:
+    """``anyio-genout generate --prompt-token-ids 1,2,3 --max-tokens 32`` verbatim (quickstart)."""
     script = Path(sys.executable).with_name("anyio-genout")
     found = str(script) if script.exists() else shutil.which("anyio-genout")
     if found is None:
