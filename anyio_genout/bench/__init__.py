@@ -16,7 +16,9 @@ Modules: :mod:`.cli` (the command line: the parser, and one module per command,
 busy, the quietest attempt kept), :mod:`.spec` (cell
 descriptions and results), :mod:`.measure` (CPU, wall and memory meters, the engine process),
 :mod:`.ours`, :mod:`.floor`, :mod:`.vllm_ref` (the three implementations), :mod:`.report`
-(ratios, targets, the table) and :mod:`.plot` (the PNG).
+(ratios, targets, the table) and :mod:`.plot` (the PNG). ``bench text`` (the text layer's
+cost per token, ours and AsyncLLM's detokenizing): :mod:`.text_cmd`, :mod:`.text` (our
+cells), :mod:`.text_vllm` and :mod:`.text_report`.
 """
 
 from __future__ import annotations
