@@ -22,6 +22,7 @@ from anyio_genout import (
 )
 from anyio_genout.engine import handshake
 from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.text import bundled_model_dir
 from anyio_genout.transport import free_tcp_address
 
 from .fake import FakeEngine
@@ -163,6 +164,9 @@ def readme_example(address: str, backend: str) -> str:
                 if "Client.connect" in block]
     assert '"tcp://127.0.0.1:29550"' in source and 'backend="trio"' in source
     source = source.replace('"tcp://127.0.0.1:29550"', repr(address))
+    # The example's model folder is the reader's own; the shipped one stands in for it.
+    assert '"/models/my-model"' in source
+    source = source.replace('"/models/my-model"', repr(str(bundled_model_dir())))
     # A marker on stdout once the script runs, so the test knows when it waits.
     return ("print('started', flush=True)\n"
             + source.replace('backend="trio"', f"backend={backend!r}"))
