@@ -29,6 +29,7 @@ from .validation import (
     check_int,
     check_logprobs,
     check_token,
+    short_int,
 )
 
 __all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
@@ -237,8 +238,10 @@ class SamplingParams:
             if not isinstance(self.logit_bias, Mapping):
                 raise InvalidRequestError("logit_bias", "must be a mapping of token id to bias")
             for token, bias in self.logit_bias.items():
-                check_token(token, f"logit_bias[{token!r}]", vocab_size)
-                check_float(bias, f"logit_bias[{token!r}]", -math.inf, math.inf)
+                # A key's repr could be the decimal text of a huge int: Python refuses it.
+                key = short_int(token) if type(token) is int else repr(token)
+                check_token(token, f"logit_bias[{key}]", vocab_size)
+                check_float(bias, f"logit_bias[{key}]", -math.inf, math.inf)
         if self.skip_reading_prefix_cache is not None and type(
             self.skip_reading_prefix_cache
         ) is not bool:

@@ -205,3 +205,11 @@ def test_engine_request_validate_checks_every_wire_field() -> None:
         assert info.value.field == field, change
     encode_add(attrs.evolve(base, arrival_time=2**40, lora_request=LoRARequest("", 2**63 - 1,
                                                                               "/p")))
+
+
+def test_a_huge_logit_bias_key_is_refused_by_name_not_by_pythons_digit_limit() -> None:
+    # Building the field name once called repr() on the key: past 4300 digits Python raises
+    # ValueError, which escaped instead of the error naming the field.
+    with pytest.raises(InvalidRequestError) as caught:
+        SamplingParams(logit_bias={10**5000: 1.0}).validate(vocab_size=100)
+    assert caught.value.field == "logit_bias[an integer of 16610 bits]"
