@@ -8,12 +8,18 @@ for byte-level BPE; for byte fallback as long as no byte run turns invalid).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models
 
+from anyio_genout.text.byte_table import byte_table
 from anyio_genout.text.detokenizer import IncrementalDetokenizer, separator_token_id
+from tests.text.byte_level_kinds import ADDED, ADDED_SPECIAL, BYTE_LEVEL, byte_level, stream_path
 from tests.text.tokenizer_kinds import KINDS, load, reference_text
 
 SCRIPTS = {
@@ -156,3 +162,151 @@ def _bytes_to_unicode() -> list[str]:
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     extra = iter(range(256, 512))
     return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+# -- the byte-table path (byte-level BPE) equals the DecodeStream path ----------------------
+
+BYTE_TEXT = ("The lamp 灯塔的守护者 日本語 등대지기는 Crème brûlée 🌊🌬️ 😀👍🏽 e\u0301 "
+             "\ufffd ok 中x 🙂")
+BAD_IDS = (-1, -(2**40), 2**32 - 1, 2**32, 2**64)
+
+
+def run_both(tok: Tokenizer, prompt: list[int], output: Sequence[object], **options: bool
+             ) -> tuple[tuple[list[str], str, bool], tuple[list[str], str, bool]]:
+    """(byte table, DecodeStream): every step's text, the flush, a step after it refused."""
+    def run_one() -> tuple[list[str], str, bool]:
+        detok = IncrementalDetokenizer(tok, prompt, **options)
+        texts = [detok.step(t) for t in output]  # type: ignore[arg-type]
+        rest = detok.flush()
+        try:
+            detok.step(5)
+        except RuntimeError:
+            return texts, rest, True
+        return texts, rest, False
+
+    fast = run_one()
+    with stream_path():
+        slow = run_one()
+    return fast, slow
+
+
+@st.composite
+def byte_level_case(draw: st.DrawFn) -> tuple[str, list[int], list[int]]:
+    kind = draw(st.sampled_from(BYTE_LEVEL))
+    tok = byte_level(kind)
+    size = tok.get_vocab_size()
+    start = draw(st.integers(0, len(BYTE_TEXT) - 1))
+    ids = tok.encode(BYTE_TEXT[start:draw(st.integers(start, len(BYTE_TEXT)))],
+                     add_special_tokens=False).ids
+    added = sorted(tok.get_added_tokens_decoder())
+    for _ in range(draw(st.integers(0, 8))):  # byte tokens, specials, added, bad ids
+        ids.insert(draw(st.integers(0, len(ids))), draw(st.one_of(
+            st.integers(0, size - 1), st.sampled_from(added), st.integers(size, size + 3),
+            st.sampled_from(BAD_IDS))))
+    cut = draw(st.integers(0, len(ids)))
+    prompt = [t for t in ids[:cut] if 0 <= t < 2**32]  # decode refuses the others
+    return kind, [1, *prompt] if draw(st.booleans()) else prompt, ids[cut:]
+
+
+@EXAMPLES
+@given(case=byte_level_case(), skip=st.booleans(), spaces=st.booleans())
+def test_the_byte_table_gives_every_step_the_decode_stream_text(
+        case: tuple[str, list[int], list[int]], skip: bool, spaces: bool) -> None:
+    # Prompts ending inside a character, specials kept or skipped, raw added tokens, bad ids,
+    # bytes pending at the end: step by step the same text as the DecodeStream path.
+    kind, prompt, output = case
+    tok = byte_level(kind)
+    assert byte_table(tok, skip) is not None
+    fast, slow = run_both(tok, prompt, output, skip_special_tokens=skip,
+                          spaces_between_special_tokens=spaces)
+    assert fast == slow
+
+
+def test_the_byte_table_equals_the_stream_on_pinned_corners() -> None:
+    tok = byte_level("added")
+    ids = {t: int(tok.token_to_id(t)) for t in (*ADDED, *ADDED_SPECIAL)}  # type: ignore[arg-type]
+    e4, b8 = _byte_level_id(tok, 0xE4), _byte_level_id(tok, 0xB8)
+    cases: list[tuple[list[int], list[int]]] = [
+        ([1], [e4, b8, ids["Ńx"], ids["Ġé"], ids["中x"]]),  # 中 completed by an added token
+        ([e4], [b8, ids["Ń"], ids["<|é|>"], ids["ĠSP"], ids["🙂"]]),  # prompt inside 中
+        ([e4, b8], [_byte_level_id(tok, 0xFF), ids[" sp"]]),  # the prompt's 中 never finishes
+        ([], [_byte_level_id(tok, b) for b in "\ufffd".encode()] + [e4]),  # a literal U+FFFD
+    ]
+    for prompt, output in cases:
+        for skip, spaces in itertools.product((True, False), repeat=2):
+            fast, slow = run_both(tok, prompt, output, skip_special_tokens=skip,
+                                  spaces_between_special_tokens=spaces)
+            assert fast == slow, (prompt, output, skip, spaces)
+
+
+class _Index:
+    def __index__(self) -> int:
+        return 70
+
+
+def test_ids_of_other_types_give_what_the_stream_gives() -> None:
+    tok = byte_level("shipped")
+    odd: list[object] = [True, np.int64(70), np.int64(-1), _Index(), 70.0, "70", None,
+                         np.uint64(2**63)]
+    fast, slow = run_both(tok, [1], odd)
+    assert fast == slow
+    b = tok.decode([70])
+    assert fast[0] == ["", b, "", b, "", "", "", ""]  # True is id 1 (<s>, skipped)
+
+
+def test_the_byte_table_decodes_every_id_as_the_library_does() -> None:
+    for kind in BYTE_LEVEL:
+        tok = byte_level(kind)
+        for skip in (True, False):
+            table = byte_table(tok, skip)
+            assert table is not None
+            for token_id in [*range(len(table) + 3), 2**32 - 1, 2**32, 2**64]:
+                raw = table.fill(token_id)
+                decoded = tok.decode([token_id], skip_special_tokens=skip) \
+                    if token_id < 2**32 else ""
+                assert raw.decode("utf-8", "replace") == decoded, (kind, skip, token_id)
+                if token_id < len(table):
+                    assert table.raw[token_id] == raw
+                    assert table.texts[token_id] == \
+                        (None if decoded.endswith(REPLACEMENT) else decoded)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(data=st.binary(max_size=16))
+def test_python_replace_decoding_is_the_libraries_lossy_decoding(data: bytes) -> None:
+    # The byte table decodes with Python's "replace"; tokenizers with Rust's from_utf8_lossy:
+    # both replace maximal subparts (surrogates, overlongs, truncated and stray bytes).
+    assert _raw_bytes_tokenizer().decode(list(data)) == data.decode("utf-8", "replace")
+
+
+def test_python_replace_decoding_is_the_libraries_on_every_short_tricky_sequence() -> None:
+    tricky = [0x41, 0x80, 0xBF, 0xC0, 0xC2, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0x9F, 0xA0,
+              0x8F, 0x90]
+    tok = _raw_bytes_tokenizer()
+    for length in (1, 2, 3):
+        for seq in itertools.product(tricky, repeat=length):
+            assert tok.decode(list(seq)) == bytes(seq).decode("utf-8", "replace"), seq
+
+
+def test_only_a_plain_byte_level_decoder_gets_a_table_and_a_changed_tokenizer_a_new_one(
+        ) -> None:
+    shipped = byte_level("shipped")
+    assert byte_table(shipped, True) is byte_table(shipped, True)
+    assert byte_table(load("sentencepiece"), True) is None
+    wrapped = Tokenizer.from_str(shipped.to_str())
+    wrapped.decoder = decoders.Sequence([decoders.ByteLevel()])
+    assert byte_table(wrapped, True) is None
+    grown = Tokenizer.from_str(shipped.to_str())
+    before = byte_table(grown, True)
+    grown.add_tokens(["ẞtraße"])
+    new_id = grown.token_to_id("ẞtraße")
+    assert before is not None and new_id is not None and len(before) <= new_id
+    assert "".join(run(grown, [1], [new_id])[0]) == "ẞtraße"
+
+
+def _raw_bytes_tokenizer() -> Tokenizer:
+    """A byte-level tokenizer whose id ``b`` is the one byte ``b``."""
+    tok = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(_bytes_to_unicode())},
+                               merges=[]))
+    tok.decoder = decoders.ByteLevel()
+    return tok
