@@ -18,6 +18,7 @@ vLLM 0.32's (``vllm/v1/engine/detokenizer.py``), with the detokenizer fixes of
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Final
@@ -47,6 +48,9 @@ class TextStep:
 #: instance costs about a third of a DecodeStream step.
 _ONE_TOKEN: dict[str, TextStep] = {}
 _ONE_TOKEN_MAX: Final = 16384
+_shared = _ONE_TOKEN.get
+#: The held-back buffer is trimmed once this many of its chars were sent.
+_TRIM: Final = 64
 
 
 _new = object.__new__
@@ -83,9 +87,10 @@ class TextDecoder:
     ``detokenize=False``; InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
     """
 
-    __slots__ = ("_armed", "_detok", "_done", "_ends", "_fast", "_fast_stops", "_hold",
-                 "_include", "_min_tokens", "_num_tokens", "_overlap", "_pieces", "_recent",
-                 "_starts", "_step", "_stops", "_unsent")
+    __slots__ = ("_append", "_armed", "_detok", "_done", "_end_a", "_end_b", "_end_re",
+                 "_fast", "_fast_stops", "_hold", "_include", "_min_tokens", "_num_tokens",
+                 "_off", "_overlap", "_pieces", "_recent", "_starts", "_step", "_stops",
+                 "_unsent")
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
                  stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
@@ -105,14 +110,23 @@ class TextDecoder:
         self._include = include_stop_str_in_output
         self._hold = stops.hold_back
         self._overlap = max(stops.longest - 1, 0)
-        # Where each stop string's search starts once `_unsent` is `_hold` chars long.
+        # Where each stop string's search starts once the held text is `_hold` chars long.
         self._starts = tuple((s, self._hold + 1 - len(s)) for s in stops.stops)
         self._min_tokens = min_tokens
         self._num_tokens = 0           # output tokens so far, counted until armed
         self._armed = min_tokens == 0  # more than min_tokens tokens: stop strings are checked
-        self._ends = frozenset(s[-1] for s in stops.stops)
+        # A match can end only in a piece holding some stop's last char: up to two such
+        # chars are looked for with `in`, more with a character class.
+        ends = sorted({s[-1] for s in stops.stops}) or [""]
+        self._end_a, self._end_b = ends[0], ends[-1]
+        self._end_re = re.compile("[" + re.escape("".join(ends)) + "]").search \
+            if len(ends) > 2 else None
         self._pieces: list[str] = []   # the whole text, in pieces (joined when read)
-        self._unsent = ""              # held back: the text's last `_hold` chars at most
+        self._append = self._pieces.append
+        # Held back: the text's last `_hold` chars at most, `_unsent[_off:]` (the chars
+        # before `_off` were sent: one slice a token fewer; trimmed every _TRIM chars).
+        self._unsent = ""
+        self._off = 0
         self._recent = ""              # the text's last `_overlap` chars (when included)
         self._done = False
         # One-token updates without a finish take a short path: no stops at all, or stops
@@ -143,9 +157,10 @@ class TextDecoder:
             return self._update(token_ids, finished, stop_terminated)
         if self._fast:
             piece = self._step(token_ids[0])
-            if piece:
-                self._pieces.append(piece)
-            step = _ONE_TOKEN.get(piece)
+            if not piece:
+                return _EMPTY_ONE
+            self._append(piece)
+            step = _shared(piece)
             return step if step is not None else _one_token(piece)
         if not self._fast_stops:
             return self._update(token_ids, finished, stop_terminated)
@@ -155,24 +170,32 @@ class TextDecoder:
             self._armed = self._num_tokens > self._min_tokens
         if not piece:
             return _EMPTY_ONE
-        self._pieces.append(piece)
-        held = self._unsent
-        window = held + piece
+        self._append(piece)
+        buf = self._unsent + piece
+        off = self._off
         hold = self._hold
         # A match ends in the new text: only a piece holding some stop's last char can end one.
-        if self._armed and not self._ends.isdisjoint(piece):
-            if len(held) == hold:
+        if self._armed and (self._end_a in piece or self._end_b in piece if self._end_re is None
+                            else self._end_re(piece) is not None):
+            held = len(buf) - len(piece) - off
+            if held == hold:
                 for stop, start in self._starts:
-                    if window.find(stop, start) >= 0:
-                        return self._matched(window, [0, len(piece)], 1)
-            elif self._stops.search(window, len(held)) is not None:  # type: ignore[union-attr]
-                return self._matched(window, [0, len(piece)], 1)
-        if len(window) > hold:
-            self._unsent = window[-hold:]
-            window = window[:-hold]
-            step = _ONE_TOKEN.get(window)
-            return step if step is not None else _one_token(window)
-        self._unsent = window
+                    if buf.find(stop, off + start) >= 0:
+                        return self._matched(buf[off:], held, [0, len(piece)], 1)
+            elif self._stops.search(buf[off:], held) is not None:  # type: ignore[union-attr]
+                return self._matched(buf[off:], held, [0, len(piece)], 1)
+        cut = len(buf) - hold
+        if cut > off:
+            out = buf[off:cut]
+            if cut < _TRIM:
+                self._unsent = buf
+                self._off = cut
+            else:
+                self._unsent = buf[cut:]
+                self._off = 0
+            step = _shared(out)
+            return step if step is not None else _one_token(out)
+        self._unsent = buf
         return _EMPTY_ONE
 
     def _update(self, token_ids: Sequence[int], finished: bool,
@@ -219,16 +242,17 @@ class TextDecoder:
         if stops is None:
             return _one_token(new) if count == 1 else TextStep(new, count, None)
         include = stops.include_in_output
-        recent = self._recent if include else self._unsent
+        recent = self._recent if include else self._unsent[self._off:]
         window = recent + new
         if new and self._armed:
             first = offsets[max(self._min_tokens - num_prev, 0)]
             if stops.search(window, len(recent) + first) is not None:
-                return self._matched(window, offsets, count, first)
+                return self._matched(window, len(recent), offsets, count, first)
         if include:
             self._recent = window[-self._overlap:] if self._overlap else ""
             return TextStep(new, count, None)
         hold = self._hold
+        self._off = 0
         if finished or len(window) <= hold or not hold:
             self._unsent = "" if finished or not hold else window
             out = window if finished or not hold else ""
@@ -237,19 +261,17 @@ class TextDecoder:
             out = window[:-hold]
         return _one_token(out) if count == 1 else TextStep(out, count, None)
 
-    def _matched(self, window: str, offsets: list[int], count: int, first: int = 0,
-                 ) -> TextStep:
-        """The step of a match in ``window`` (the unsent or recent text + this update's text,
-        with ``offsets`` per token from where this update's text starts)."""
+    def _matched(self, window: str, shift: int, offsets: list[int], count: int,
+                 first: int = 0) -> TextStep:
+        """The step of a match in ``window`` (the ``shift`` chars of unsent or recent text +
+        this update's text, with ``offsets`` per token from where this update's text starts)."""
         stops = self._stops
         assert stops is not None
         include = stops.include_in_output
-        recent = self._recent if include else self._unsent
-        match = stops.search(window, len(recent) + first)
+        match = stops.search(window, shift + first)
         assert match is not None
         self._done = True
         self._fast = self._fast_stops = False
-        shift = len(recent)
         keep = min(bisect_left(offsets, match.end - shift, lo=1), count)
         cut = stops.cut(match)
         dropped = len(window) - cut
@@ -257,4 +279,5 @@ class TextDecoder:
             text = self.text
             self._pieces[:] = [text[:len(text) - dropped]]
         self._unsent = self._recent = ""
+        self._off = 0
         return TextStep(window[shift if include else 0:cut], keep, match.stop)

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from anyio_genout.errors import InvalidRequestError
 from anyio_genout.text.decoding import TextDecoder, TextStep
+from tests.text.byte_level_kinds import BYTE_LEVEL, byte_level, stream_path
 from tests.text.tokenizer_kinds import KINDS, load, reference_text
 
 EXAMPLES = settings(max_examples=120, derandomize=True, deadline=None, database=None,
@@ -153,3 +154,83 @@ def test_the_result_is_the_same_for_every_split_into_steps(
         assert kept == output
     elif not include:
         assert all(s not in text for s in stop) or min_tokens > 0
+
+
+# -- byte-level tokenizers: the byte table's steps equal the DecodeStream path's ------------
+
+LONG = ("Fog from noon, 霧が出た 🌫️; horn sounded four hours. No ships seen. Fin. " * 4
+        + "Crème brûlée 灯塔 😀👍🏽 END: over.")
+
+
+@st.composite
+def byte_level_request(draw: st.DrawFn) -> tuple[str, list[int], list[list[int]], list[str]]:
+    kind = draw(st.sampled_from(BYTE_LEVEL))
+    tok = byte_level(kind)
+    start = draw(st.integers(0, len(LONG) - 1))
+    ids = tok.encode(LONG[start:], add_special_tokens=False).ids
+    added = sorted(tok.get_added_tokens_decoder())
+    for _ in range(draw(st.integers(0, 6))):  # specials, added tokens, bytes, bad ids
+        ids.insert(draw(st.integers(0, len(ids))), draw(st.one_of(
+            st.sampled_from(added), st.integers(0, tok.get_vocab_size() + 2),
+            st.sampled_from([-1, 2**32]))))
+    cut = draw(st.integers(0, len(ids) - 1))
+    prompt = [t for t in ids[:cut] if 0 <= t < 2**32]
+    output = ids[cut:]
+    cuts = sorted(draw(st.lists(st.integers(0, len(output) - 1), max_size=len(output))))
+    steps = [output[a:b] for a, b in itertools.pairwise([0, *cuts, len(output)])]
+    text = tok.decode([t for t in output if 0 <= t < 2**32])
+    taken = [text[i:i + n] for i, n in draw(st.lists(
+        st.tuples(st.integers(0, max(len(text) - 1, 0)), st.integers(1, 4)), max_size=2))]
+    stop = [s for s in taken if s] + draw(st.lists(st.sampled_from(
+        ["END:", "zz", "。", "\ufffd", "<|é|>", " sp"]), max_size=2))
+    return kind, prompt, steps, stop
+
+
+@EXAMPLES
+@given(request=byte_level_request(), include=st.booleans(), min_tokens=st.integers(0, 4),
+       terminated=st.booleans(), skip=st.booleans(), spaces=st.booleans(),
+       one_by_one_too=st.booleans())
+def test_byte_level_text_steps_equal_the_decode_stream_paths(
+        request: tuple[str, list[int], list[list[int]], list[str]], include: bool,
+        min_tokens: int, terminated: bool, skip: bool, spaces: bool,
+        one_by_one_too: bool) -> None:
+    # Every TextStep (text after hold-back, kept ids, stop string) and the whole text, with
+    # and without stop strings, are those of the DecodeStream path.
+    kind, prompt, steps, stop = request
+    tok = byte_level(kind)
+    if one_by_one_too:
+        steps = one_by_one([t for s in steps for t in s])
+
+    def decode(stops: list[str]) -> tuple[list[TextStep], str]:
+        decoder = TextDecoder(tok, prompt, stop=stops, include_stop_str_in_output=include,
+                              min_tokens=min_tokens, skip_special_tokens=skip,
+                              spaces_between_special_tokens=spaces)
+        return feed(decoder, steps, stop_terminated=terminated), decoder.text
+
+    for stops in ([], stop):
+        fast = decode(stops)
+        with stream_path():
+            slow = decode(stops)
+        assert fast == slow
+
+
+def test_a_long_held_back_text_streams_the_same_one_token_at_a_time_as_at_once() -> None:
+    # The one-token path keeps the held-back text in a buffer it trims now and then; the
+    # text, the hold-back and a late match are those of the general path.
+    tok = load("byte_level")
+    ids = tokens("byte_level", LONG)
+    for stop in (("zzzz", "qq"), ("END:",), ("灯塔",)):
+        decoder = TextDecoder(tok, [1], stop=stop)
+        steps = feed(decoder, [*one_by_one(ids), []])
+        whole = TextDecoder(tok, [1], stop=stop)
+        at_once = feed(whole, [ids, []])
+        assert "".join(s.text for s in steps) == "".join(s.text for s in at_once) == \
+            decoder.text == whole.text
+        assert steps[-1].stop_string == at_once[-1].stop_string
+        assert sum(s.keep for s in steps) == sum(s.keep for s in at_once)
+        streamed = "".join(s.text for s in steps[:-1])
+        if steps[-1].stop_string is None:
+            assert decoder.text == tok.decode(ids)
+            assert len(streamed) == len(decoder.text) - (max(map(len, stop)) - 1)
+        else:
+            assert decoder.text == LONG[:LONG.index(stop[0])]
