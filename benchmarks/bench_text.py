@@ -21,7 +21,9 @@ rounds of each rung's CPU per token is reported, and its excess over the ``step`
    text equals :class:`IncrementalDetokenizer`'s on every sequence first;
 7. ``vllm``: vLLM 0.32's ``FastIncrementalDetokenizer`` ``update`` + ``get_next_output_text``
    (what its ``OutputProcessor`` calls per output), with the same two stop strings; only
-   where vLLM is installed.
+   where vLLM is installed;
+8. ``detok-stream``: rung 2 forced onto its ``DecodeStream`` path (what every tokenizer
+   whose decoder is not exactly ``ByteLevel`` takes; rung 2 now decodes from the byte table).
 
 What the asynchronous stream adds on top (the token stream, the event loop, one more
 coroutine per output) is measured by ``anyio-genout bench text``; the difference between its
@@ -115,7 +117,23 @@ def rungs(with_vllm: bool) -> dict[str, Rung]:
                               "bytetable": bytetable}
     if with_vllm:
         found["vllm"] = _vllm_rung()
+    found["detok-stream"] = _detok_stream_rung(backend)
     return found
+
+
+def _detok_stream_rung(backend: Any) -> Rung:
+    """Rung 8: :class:`IncrementalDetokenizer` on its ``DecodeStream`` path."""
+    from unittest import mock
+
+    import anyio_genout.text.detokenizer as detokenizer_module
+
+    def make(prompt: list[int]) -> Callable[[int], object]:
+        with mock.patch.object(detokenizer_module, "byte_table", lambda *args: None):
+            return IncrementalDetokenizer(backend, prompt).step
+
+    def rung(prompts: Sequence[list[int]], sequences: Sequence[list[int]]) -> float:
+        return _timed(prompts, sequences, make)
+    return rung
 
 
 def byte_table(tokenizer: Any) -> list[bytes]:
