@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator
 import anyio
 import pytest
 
-from anyio_genout import FinishReason, SamplingParams
+from anyio_genout import EngineDeadError, FinishReason, SamplingParams
 from anyio_genout.text.client import TextClient
 from anyio_genout.text.output import TextOutput
 from anyio_genout.text.request import TextRequest
@@ -203,3 +203,37 @@ async def test_an_async_generator_may_wrap_the_stream() -> None:
                     break
         await wait_until(lambda: len(setup.engine.aborted_ids) == 1)
         assert setup.client.engine.in_flight == 0
+
+
+async def test_an_engine_dying_mid_stream_fails_every_text_stream_once() -> None:
+    # Two text streams in other tasks, the engine dies under them: each gets exactly one
+    # EngineDeadError (not an exception group, not a hang), and the client stays failed.
+    errors: list[BaseException] = []
+    texts: list[str] = []
+
+    async def consume(text_client_: TextClient, name: str) -> None:
+        request = TextRequest(request_id=name, prompt=PROMPT, sampling_params=greedy(100000),
+                              stop=["@@never@@"])
+        received = ""
+        try:
+            async with text_client_.generate(request) as stream:
+                async for out in stream:
+                    received += out.text
+        except EngineDeadError as exc:
+            errors.append(exc)
+        texts.append(received)
+
+    async with text_client(step_time=0.002) as setup:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume, setup.text, "a")
+                tg.start_soon(consume, setup.text, "b")
+                await wait_until(lambda: len(setup.engine.running_ids) == 2)
+                await anyio.sleep(0.05)
+                setup.engine.die("test: the engine's busy loop raised")
+        assert len(errors) == 2 and all(isinstance(e, EngineDeadError) for e in errors)
+        assert all("ENGINE_CORE_DEAD" in str(e) for e in errors)
+        assert all(text and "@@" not in text for text in texts)  # text came before the death
+        with pytest.raises(EngineDeadError):
+            async with setup.text.generate(TextRequest(prompt=PROMPT)):
+                pytest.fail("entered")  # pragma: no cover
