@@ -29,7 +29,7 @@ from .validation import (
     check_int,
     check_logprobs,
     check_token,
-    short_int,
+    safe_repr,
 )
 
 __all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
@@ -239,7 +239,7 @@ class SamplingParams:
                 raise InvalidRequestError("logit_bias", "must be a mapping of token id to bias")
             for token, bias in self.logit_bias.items():
                 # A key's repr could be the decimal text of a huge int: Python refuses it.
-                key = short_int(token) if type(token) is int else repr(token)
+                key = safe_repr(token)
                 check_token(token, f"logit_bias[{key}]", vocab_size)
                 check_float(bias, f"logit_bias[{key}]", -math.inf, math.inf)
         if self.skip_reading_prefix_cache is not None and type(

@@ -33,7 +33,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import InvalidRequestError
-from .validation import INT64_MIN, UINT64_MAX, check_text, short_int
+from .validation import INT64_MIN, UINT64_MAX, check_text, safe_repr, short_int
 
 __all__ = ["BACKEND", "MAX_JSON_NESTING", "StructuredOutputsParams", "choice_as_grammar",
            "memoizable"]
@@ -242,7 +242,7 @@ def _plain(value: object, field: str, depth: int, limit: int = MAX_JSON_NESTING)
         for key, item in value.items():
             if type(key) is not str:
                 raise InvalidRequestError(field, f"object keys must be strings, got "
-                                          f"{type(key).__name__} {key!r}")
+                                          f"{type(key).__name__} {safe_repr(key)}")
             check_text(key, field)
             copy[key] = _plain(item, field, depth + 1, limit)
         return copy

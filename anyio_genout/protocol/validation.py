@@ -61,6 +61,17 @@ def check_text(value: object, field: str, *, allow_empty: bool = True) -> None:
         raise InvalidRequestError(field, "must not be empty")
 
 
+def safe_repr(value: object) -> str:
+    """``repr(value)`` for a message, with a huge integer (anywhere inside) shown by its size:
+    Python refuses the decimal text of an integer past 4300 digits."""
+    if type(value) is int:
+        return short_int(value)
+    try:
+        return repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} holding a huge integer"
+
+
 def short_int(value: int) -> str:
     """``str(value)``, or its size for a huge integer."""
     # Never build the decimal text of a huge integer (Python refuses past 4300 digits).
@@ -138,9 +149,9 @@ def check_extra_args(value: object) -> None:
     for key, item in value.items():
         if not isinstance(key, str):
             raise InvalidRequestError("extra_args", f"keys must be strings, got "
-                                      f"{type(key).__name__} {key!r}")
-        check_text(key, f"extra_args[{key!r}]")
-        _check_plain(item, f"extra_args[{key!r}]", 1)
+                                      f"{type(key).__name__} {safe_repr(key)}")
+        check_text(key, f"extra_args[{safe_repr(key)}]")
+        _check_plain(item, f"extra_args[{safe_repr(key)}]", 1)
 
 
 def _check_plain(value: object, field: str, depth: int) -> None:
@@ -158,8 +169,8 @@ def _check_plain(value: object, field: str, depth: int) -> None:
         return
     if isinstance(value, dict):  # msgpack encodes dicts, not other mappings
         for k, v in value.items():
-            _check_plain(k, f"{field} key {k!r}", depth + 1)
-            _check_plain(v, f"{field}[{k!r}]", depth + 1)
+            _check_plain(k, f"{field} key {safe_repr(k)}", depth + 1)
+            _check_plain(v, f"{field}[{safe_repr(k)}]", depth + 1)
         return
     if isinstance(value, list | tuple):
         for i, v in enumerate(value):
@@ -210,5 +221,5 @@ def check_trace_headers(headers: object) -> None:
         if not isinstance(key, str):
             raise InvalidRequestError("trace_headers", f"keys must be strings, got "
                                       f"{type(key).__name__}")
-        check_text(key, f"trace_headers[{key!r}]")
-        check_text(value, f"trace_headers[{key!r}]")
+        check_text(key, f"trace_headers[{safe_repr(key)}]")
+        check_text(value, f"trace_headers[{safe_repr(key)}]")

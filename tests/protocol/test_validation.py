@@ -213,3 +213,15 @@ def test_a_huge_logit_bias_key_is_refused_by_name_not_by_pythons_digit_limit() -
     with pytest.raises(InvalidRequestError) as caught:
         SamplingParams(logit_bias={10**5000: 1.0}).validate(vocab_size=100)
     assert caught.value.field == "logit_bias[an integer of 16610 bits]"
+
+
+@pytest.mark.parametrize(("extra_args", "field"), [
+    ({10**5000: None}, "extra_args"),
+    ({"a": {10**5000: 1}}, "extra_args['a'] key an integer of 16610 bits"),
+    ({"a": {(1, 10**5000): 1}}, "extra_args['a'] key a tuple holding a huge integer[1]"),
+])
+def test_huge_integers_in_extra_args_keys_are_refused_by_name(extra_args: dict[object, object],
+                                                              field: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        SamplingParams(extra_args=extra_args).validate()
+    assert caught.value.field == field
