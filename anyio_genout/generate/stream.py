@@ -23,7 +23,13 @@ import anyio
 from ..engine import EngineCoreClient, EngineCoreOutputStream
 from ..errors import SamplingMaskMismatchError
 from ..metrics import Metrics, RequestTracker
-from ..protocol import EngineCoreFinishReason, EngineCoreRequest, Logprobs, SamplingMask
+from ..protocol import (
+    EngineCoreFinishReason,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    Logprobs,
+    SamplingMask,
+)
 from .abort_cause import AbortCause
 from .inflight import AbortedIds, InflightGuard, InflightRequests
 from .output import (
@@ -240,6 +246,43 @@ class GenerateStream:
         output = raw.receive_buffered_output()
         if output is None:
             output = await raw.receive_output()
+        return self._deliver(raw, output)
+
+    def receive_buffered(self) -> list[int] | GenerateOutput | None:
+        """The next output without a coroutine, when one is buffered and :meth:`__anext__`
+        would not suspend: a plain step as its new token ids alone (no :class:`GenerateOutput`
+        built), any other output as the :class:`GenerateOutput` ``__anext__`` gives; None
+        when ``__anext__`` must be awaited (nothing buffered, its checkpoint due, the stream
+        ended or not entered). A plain step is neither the first output nor the terminal
+        one, and has tokens only: no logprobs, prefill stats, transfer params, sampling mask
+        or speculative-decoding metrics, and no stop token sequences to match. For a layer
+        above that builds its own output per token (the text layer).
+
+        Raises:
+            what :meth:`__anext__` raises, except BusyResourceError and RuntimeError.
+        """
+        raw = self._raw
+        if raw is None or self._done or self._finish_pending is not None:
+            return None
+        output = raw.receive_buffered_output()
+        if output is None:
+            return None
+        (_rid, tokens, logprobs, _prompt_logprobs, _pooling, finish_reason, _stop_reason,
+         _events, kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask,
+         spec_metrics, _prompt_token_id_logprobs, _error) = output
+        if (finish_reason is None and logprobs is None and prefill is None and mask is None
+                and kv_params is None and ec_params is None and spec_metrics is None
+                and not self._prompt_pending and self._matcher is None):
+            tracker = self._tracker
+            assert tracker is not None
+            tracker.observe_output(raw.timestamp, time.time() if tracker.is_prefilling else 0.0,
+                                   output)
+            return tokens
+        return self._deliver(raw, output)
+
+    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
+                 ) -> GenerateOutput:
+        """The :class:`GenerateOutput` of ``output``, just received (the metrics updated)."""
         tracker = self._tracker
         assert tracker is not None
         # One unpacking instead of a field lookup per use (this runs once per token).

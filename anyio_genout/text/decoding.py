@@ -155,21 +155,33 @@ class TextDecoder:
         """
         if finished or len(token_ids) != 1:
             return self._update(token_ids, finished, stop_terminated)
+        text = self.push(token_ids[0])
+        if text.__class__ is not str:
+            return text  # type: ignore[return-value]
+        step = _shared(text)
+        return step if step is not None else _one_token(text)
+
+    def push(self, token_id: int) -> str | TextStep:
+        """``update([token_id], finished=False, stop_terminated=False)``, but the text alone
+        when nothing matched (a stream's once-per-token path: no :class:`TextStep`); the
+        step on a match.
+
+        Raises RuntimeError once the decoder is finished (after a match or a finished update).
+        """
         if self._fast:
-            piece = self._step(token_ids[0])
-            if not piece:
-                return _EMPTY_ONE
-            self._append(piece)
-            step = _shared(piece)
-            return step if step is not None else _one_token(piece)
+            piece = self._step(token_id)
+            if piece:
+                self._append(piece)
+            return piece
         if not self._fast_stops:
-            return self._update(token_ids, finished, stop_terminated)
-        piece = self._step(token_ids[0])
+            step = self._update([token_id], False, False)
+            return step.text if step.stop_string is None else step
+        piece = self._step(token_id)
         if not self._armed:
             self._num_tokens += 1
             self._armed = self._num_tokens > self._min_tokens
         if not piece:
-            return _EMPTY_ONE
+            return piece
         self._append(piece)
         buf = self._unsent + piece
         off = self._off
@@ -186,17 +198,15 @@ class TextDecoder:
                 return self._matched(buf[off:], held, [0, len(piece)], 1)
         cut = len(buf) - hold
         if cut > off:
-            out = buf[off:cut]
             if cut < _TRIM:
                 self._unsent = buf
                 self._off = cut
             else:
                 self._unsent = buf[cut:]
                 self._off = 0
-            step = _shared(out)
-            return step if step is not None else _one_token(out)
+            return buf[off:cut]
         self._unsent = buf
-        return _EMPTY_ONE
+        return ""
 
     def _update(self, token_ids: Sequence[int], finished: bool,
                 stop_terminated: bool) -> TextStep:

@@ -16,6 +16,7 @@ leaving it never awaits anything that blocks: an async generator may wrap it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, final
 
@@ -131,7 +132,8 @@ class TextStream:
     """
 
     __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_inner", "_logprobs",
-                 "_prompt", "_prompt_ids", "_prompt_pending", "_request", "_tokenizer")
+                 "_prompt", "_prompt_ids", "_prompt_pending", "_push", "_request", "_rid",
+                 "_tokenizer")
 
     def __init__(self, client: Client, tokenizer: Tokenizer, eos: ModelEos,
                  request: TextRequest, *, _made_by: object = None) -> None:
@@ -145,6 +147,9 @@ class TextStream:
         self._request = request
         self._inner: GenerateStream | None = None
         self._decoder: TextDecoder | None = None
+        # The decoder's one-token step (None without decoding); the engine's id of the request.
+        self._push: Callable[[int], str | TextStep] | None = None
+        self._rid = ""
         self._logprobs: LogprobsDecoder | None = None
         self._prompt: str | None = None
         self._prompt_ids: tuple[int, ...] = ()
@@ -191,6 +196,9 @@ class TextStream:
         except BaseException:
             inner.close()
             raise
+        if self._decoder is not None:
+            self._push = self._decoder.push
+        self._rid = inner.request_id
         self._inner = inner
         return self
 
@@ -276,33 +284,61 @@ class TextStream:
         if self._done:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        out = await inner.__anext__()
-        # The common output (once per token): no finish, no logprobs, not the first.
+        got = inner.receive_buffered()
+        if got.__class__ is list:  # a plain step, without a coroutine (once per token)
+            tokens: list[int] = got
+            push = self._push
+            if push is None:
+                return TextOutput(self._rid, "", tokens)
+            if len(tokens) == 1:
+                text = push(tokens[0])
+                if text.__class__ is str:
+                    return TextOutput(self._rid, text, tokens)
+                return self._plain(inner, tokens, text)  # type: ignore[arg-type]
+            return self._plain(inner, tokens, None)
+        out: GenerateOutput = got if got is not None else await inner.__anext__()  # type: ignore[assignment]
+        # The same for an output that was awaited: no finish, no logprobs, not the first.
         if (out.finish_reason is None and out.logprobs is None and not self._prompt_pending
                 and not out.cached_token_count):
+            return self._plain(inner, out.token_ids, None)
+        return self._text_output(inner, out)
+
+    def _plain(self, inner: GenerateStream, tokens: list[int], step: TextStep | None
+               ) -> TextOutput:
+        """The output of a plain step's ``tokens`` (``step``: what the decoder made of them)."""
+        if step is None:
             decoder = self._decoder
             if decoder is None:
-                return TextOutput(out.request_id, "", out.token_ids)
-            step = decoder.update(out.token_ids, finished=False, stop_terminated=False)
-            if step.stop_string is None:
-                return TextOutput(out.request_id, step.text, out.token_ids)
-            return self._text_output(inner, out, step)
-        return self._text_output(inner, out, None)
+                return TextOutput(self._rid, "", tokens)
+            if len(tokens) == 1:
+                text = decoder.push(tokens[0])
+                if text.__class__ is str:
+                    return TextOutput(self._rid, text, tokens)
+                step = text  # type: ignore[assignment]
+            else:
+                step = decoder.update(tokens, finished=False, stop_terminated=False)
+        assert step is not None
+        if step.stop_string is None:
+            return TextOutput(self._rid, step.text, tokens)
+        if step.keep < len(tokens):
+            tokens = tokens[:step.keep]
+        inner.close(AbortCause.STOP_STRING_MATCHED)
+        self._done = True
+        return TextOutput(self._rid, step.text, tokens, None,
+                          FinishReason.stop(step.stop_string))
 
-    def _text_output(self, inner: GenerateStream, out: GenerateOutput,
-                     step: TextStep | None) -> TextOutput:
-        """The output for ``out`` (``step``: what the decoder already made of it)."""
+    def _text_output(self, inner: GenerateStream, out: GenerateOutput) -> TextOutput:
+        """The output for ``out`` (the general path: a finish, logprobs, the first one)."""
         tokens = out.token_ids
         finish = out.finish_reason
         decoder = self._decoder
         text = ""
         if decoder is not None:
-            if step is None:
-                stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
-                                   and (finish.stop_reason is None
-                                        or type(finish.stop_reason) is int))
-                step = decoder.update(tokens, finished=finish is not None,
-                                      stop_terminated=stop_terminated)
+            stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
+                               and (finish.stop_reason is None
+                                    or type(finish.stop_reason) is int))
+            step = decoder.update(tokens, finished=finish is not None,
+                                  stop_terminated=stop_terminated)
             text = step.text
             if step.stop_string is not None:
                 if step.keep < len(tokens):
