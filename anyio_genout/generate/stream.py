@@ -250,13 +250,8 @@ class GenerateStream:
 
     def receive_buffered(self) -> list[int] | GenerateOutput | None:
         """The next output without a coroutine, when one is buffered and :meth:`__anext__`
-        would not suspend: a plain step as its new token ids alone (no :class:`GenerateOutput`
-        built), any other output as the :class:`GenerateOutput` ``__anext__`` gives; None
-        when ``__anext__`` must be awaited (nothing buffered, its checkpoint due, the stream
-        ended or not entered). A plain step is neither the first output nor the terminal
-        one, and has tokens only: no logprobs, prefill stats, transfer params, sampling mask
-        or speculative-decoding metrics, and no stop token sequences to match. For a layer
-        above that builds its own output per token (the text layer).
+        would not suspend, as :meth:`receive` gives it; None when it must be awaited (nothing
+        buffered, its checkpoint due, the stream ended or not entered).
 
         Raises:
             what :meth:`__anext__` raises, except BusyResourceError and RuntimeError.
@@ -267,6 +262,37 @@ class GenerateStream:
         output = raw.receive_buffered_output()
         if output is None:
             return None
+        return self._plain_or_output(raw, output)
+
+    async def receive(self) -> list[int] | GenerateOutput:
+        """:meth:`__anext__` for a layer above that builds its own output per token (the text
+        layer): a plain step comes as its new token ids alone, no :class:`GenerateOutput`
+        built; any other output as the ``GenerateOutput`` ``__anext__`` gives. A plain step
+        is neither the first output nor the terminal one, and has tokens only: no logprobs,
+        prefill stats, transfer params, sampling mask or speculative-decoding metrics, and
+        no stop token sequences to match. The metrics see the same as with ``__anext__``.
+
+        Raises:
+            StopAsyncIteration: after the terminal output (or after an error, or close()).
+            what :meth:`__anext__` raises.
+        """
+        raw = self._raw
+        if raw is None:
+            raise RuntimeError("use `async with client.generate(...) as stream` first")
+        if self._finish_pending is not None:
+            self._record_finish(None)
+        if self._done and not raw.terminated:
+            await anyio.lowlevel.checkpoint()
+            raise StopAsyncIteration
+        output = raw.receive_buffered_output()
+        if output is None:
+            output = await raw.receive_output()
+        return self._plain_or_output(raw, output)
+
+    def _plain_or_output(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
+                         ) -> list[int] | GenerateOutput:
+        """``output``'s token ids if it is a plain step (see :meth:`receive`), else its
+        :class:`GenerateOutput`; just received (the metrics are updated)."""
         (_rid, tokens, logprobs, _prompt_logprobs, _pooling, finish_reason, _stop_reason,
          _events, kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask,
          spec_metrics, _prompt_token_id_logprobs, _error) = output

@@ -284,40 +284,31 @@ class TextStream:
         if self._done:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
+        # Without a coroutine when an output is buffered (once per token at most
+        # concurrencies); a plain step comes as its token ids, no GenerateOutput built.
         got = inner.receive_buffered()
-        if got.__class__ is list:  # a plain step, without a coroutine (once per token)
-            tokens: list[int] = got
-            push = self._push
-            if push is None:
-                return TextOutput(self._rid, "", tokens)
-            if len(tokens) == 1:
-                text = push(tokens[0])
-                if text.__class__ is str:
-                    return TextOutput(self._rid, text, tokens)
-                return self._plain(inner, tokens, text)  # type: ignore[arg-type]
-            return self._plain(inner, tokens, None)
-        out: GenerateOutput = got if got is not None else await inner.__anext__()  # type: ignore[assignment]
-        # The same for an output that was awaited: no finish, no logprobs, not the first.
-        if (out.finish_reason is None and out.logprobs is None and not self._prompt_pending
-                and not out.cached_token_count):
-            return self._plain(inner, out.token_ids, None)
-        return self._text_output(inner, out)
+        if got is None:
+            got = await inner.receive()
+        if got.__class__ is not list:
+            return self._text_output(inner, got)  # type: ignore[arg-type]
+        tokens: list[int] = got
+        push = self._push
+        if push is None:
+            return TextOutput(self._rid, "", tokens)
+        if len(tokens) == 1:
+            text = push(tokens[0])
+            if text.__class__ is str:
+                return TextOutput(self._rid, text, tokens)
+            return self._plain(inner, tokens, text)  # type: ignore[arg-type]
+        return self._plain(inner, tokens, None)
 
     def _plain(self, inner: GenerateStream, tokens: list[int], step: TextStep | None
                ) -> TextOutput:
-        """The output of a plain step's ``tokens`` (``step``: what the decoder made of them)."""
+        """The output of a plain step's ``tokens`` (several ids, or ``step``: the match the
+        decoder found in one)."""
         if step is None:
-            decoder = self._decoder
-            if decoder is None:
-                return TextOutput(self._rid, "", tokens)
-            if len(tokens) == 1:
-                text = decoder.push(tokens[0])
-                if text.__class__ is str:
-                    return TextOutput(self._rid, text, tokens)
-                step = text  # type: ignore[assignment]
-            else:
-                step = decoder.update(tokens, finished=False, stop_terminated=False)
-        assert step is not None
+            assert self._decoder is not None
+            step = self._decoder.update(tokens, finished=False, stop_terminated=False)
         if step.stop_string is None:
             return TextOutput(self._rid, step.text, tokens)
         if step.keep < len(tokens):

@@ -112,6 +112,49 @@ async def test_include_stop_str_in_output_keeps_the_match() -> None:
         assert success_total(setup.client) == {"stop": 1.0}
 
 
+@pytest.mark.parametrize("speculative", [0, 3], ids=["one-token-steps", "multi-token-steps"])
+async def test_outputs_that_pile_up_give_the_same_text_stop_and_abort(speculative: int) -> None:
+    # An engine without step time outruns 8 consumers: most outputs are read from the
+    # buffer (the stream's path without a coroutine), one or (speculative) several tokens
+    # each. Text, kept tokens, the match and its one ABORT are those of the awaited path.
+    full, start, stop = mid_stream_stop(count=120, at=60)
+    ids = predicted(prompt_ids(), 120)
+    kept = ids[:tokens_to_complete(ids, start + len(stop))]
+    async with text_client(step_time=0.0, num_speculative_tokens=speculative) as setup:
+        results: dict[str, list[TextOutput]] = {}
+        internal: list[str] = []
+        plain: list[TextOutput] = []
+
+        async def one(name: str) -> None:
+            request = TextRequest(request_id=name, prompt=PROMPT, stop=["@@@", stop],
+                                  sampling_params=greedy(1000))
+            async with setup.text.generate(request) as stream:
+                results[name] = [out async for out in stream]
+                internal.append(stream.request_id)
+
+        async def no_text() -> None:
+            request = TextRequest(prompt=PROMPT, sampling_params=greedy(100), detokenize=False)
+            async with setup.text.generate(request) as stream:
+                plain.extend([out async for out in stream])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, f"s{i}")
+            tg.start_soon(no_text)
+        for outs in results.values():
+            assert "".join(out.text for out in outs) == full[:start]
+            assert [t for out in outs for t in out.token_ids] == kept
+            assert [out.finish_reason for out in outs] == [None] * (len(outs) - 1) + [
+                FinishReason.stop(stop)]
+        assert [t for out in plain for t in out.token_ids] == predicted(prompt_ids(), 100)
+        assert all(out.text == "" for out in plain)
+        assert plain[-1].finish_reason == FinishReason.LENGTH
+        await wait_until(lambda: len(setup.engine.aborted_ids) == 8)
+        await anyio.sleep(0.05)
+        assert sorted(setup.engine.aborted_ids) == sorted(internal)  # once each
+        assert success_total(setup.client) == {"stop": 8.0, "length": 1.0}
+
+
 async def test_min_tokens_ignores_a_stop_string_until_then() -> None:
     ids = predicted(prompt_ids(), 80)
     full = decoded(ids)
