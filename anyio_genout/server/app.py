@@ -1,0 +1,195 @@
+"""``create_app``: the OpenAI-compatible ASGI application over a :class:`TextClient`."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from ..errors import GenoutError
+from ..protocol import SamplingParams
+from ..text.client import TextClient
+from ..text.request import TextRequest
+from .errors import ApiError, error_for, install_handlers
+from .formats import ChatFormat, CompletionFormat
+from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .response import TextResponse
+
+__all__ = ["create_app"]
+
+#: The sampling fields passed on as they are when the request sets them.
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+             "frequency_penalty", "repetition_penalty")
+
+
+def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
+              logprobs: int | None) -> SamplingParams:
+    given = {name: getattr(body, name) for name in _SAMPLING if getattr(body, name) is not None}
+    try:
+        return SamplingParams(max_tokens=max_tokens, min_tokens=body.min_tokens,
+                              ignore_eos=body.ignore_eos, logprobs=logprobs,
+                              stop_token_ids=tuple(body.stop_token_ids or ()), **given)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, f"invalid sampling parameters: {exc}") from None
+
+
+def _request_id(prefix: str, body: CompletionRequest | ChatCompletionRequest) -> str:
+    return body.request_id or f"{prefix}-{os.urandom(16).hex()}"
+
+
+def _stop(body: CompletionRequest | ChatCompletionRequest) -> tuple[str, ...]:
+    stop = body.stop
+    return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _one_prompt(prompt: str | list[int] | list[str] | list[list[int]]
+                ) -> tuple[str | None, list[int] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if not prompt:
+        raise ApiError(400, "invalid request: prompt: must not be empty", "prompt")
+    if all(isinstance(t, int) for t in prompt):
+        return None, [t for t in prompt if isinstance(t, int)]
+    if len(prompt) != 1:
+        raise ApiError(400, "invalid request: prompt: one prompt per request (a list of "
+                       "several prompts is not supported yet)", "prompt")
+    first = prompt[0]
+    return (first, None) if isinstance(first, str) else (None, list(first))  # type: ignore[arg-type]
+
+
+def _only_n_1(n: int) -> None:
+    if n != 1:
+        raise ApiError(400, "invalid request: n: only n=1 is supported yet", "n")
+
+
+def create_app(text_client: TextClient, *, model_name: str,
+               api_key: str | None = None) -> FastAPI:
+    """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
+
+    ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
+    one is 404). With ``api_key``, every route but ``/health`` needs
+    ``Authorization: Bearer <api_key>`` (401 otherwise; compared in constant time).
+    Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn. See docs/server.md.
+    """
+    expected = f"Bearer {api_key}".encode() if api_key is not None else None
+
+    async def authorized(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise ApiError(401, "invalid API key")
+
+    def check_model(model: str | None) -> None:
+        if model is not None and model != model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    client = text_client.client
+    tokenizer = text_client.tokenizer
+    app = FastAPI(title="anyio-genout", docs_url=None, redoc_url=None)
+    install_handlers(app)
+    api = APIRouter(dependencies=[Depends(authorized)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        error = client.engine.health_error
+        if error is not None:
+            raise error_for(error)
+        return Response(status_code=200)
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "anyio-genout", "root": model_name, "parent": None,
+            "max_model_len": client.engine.max_model_len, "permission": []}]}
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(client.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @api.post("/v1/completions")
+    async def completions(body: CompletionRequest) -> Response:
+        check_model(body.model)
+        _only_n_1(body.n)
+        if body.echo:
+            raise ApiError(400, "invalid request: echo: not supported yet", "echo")
+        prompt, ids = _one_prompt(body.prompt)
+        request_id = _request_id("cmpl", body)
+        request = TextRequest(
+            request_id=request_id, prompt=prompt, prompt_token_ids=ids,
+            sampling_params=_sampling(body, body.max_tokens, body.logprobs),
+            stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens,
+            add_special_tokens=body.add_special_tokens if prompt is not None else None)
+        return TextResponse(text_client, request,
+                            CompletionFormat(request_id, model_name, body.logprobs),
+                            stream=body.stream, include_usage=_usage(body))
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        check_model(body.model)
+        _only_n_1(body.n)
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
+                           "top_logprobs")
+        request_id = _request_id("chatcmpl", body)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        request = TextRequest(
+            request_id=request_id, messages=body.messages,
+            sampling_params=_sampling(body, max_tokens, top),
+            stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens,
+            add_generation_prompt=body.add_generation_prompt,
+            chat_template_kwargs=body.chat_template_kwargs)
+        return TextResponse(text_client, request, ChatFormat(request_id, model_name, top),
+                            stream=body.stream, include_usage=_usage(body))
+
+    @api.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "invalid request: prompt: give exactly one of prompt and "
+                           "messages", "prompt")
+        try:
+            if body.messages is not None:
+                text = tokenizer.apply_chat_template(
+                    body.messages, add_generation_prompt=body.add_generation_prompt)
+                ids = tokenizer.encode(text, add_special_tokens=False)
+            else:
+                assert body.prompt is not None
+                ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        except GenoutError as exc:
+            raise error_for(exc) from None
+        result: dict[str, Any] = {"count": len(ids), "max_model_len":
+                                  client.engine.max_model_len, "tokens": ids}
+        if body.return_token_strs:
+            result["token_strs"] = tokenizer.token_strings(ids)
+        return JSONResponse(result)
+
+    @api.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        check_model(body.model)
+        vocab = tokenizer.vocab_size
+        for i, token in enumerate(body.tokens):
+            if not 0 <= token < vocab:
+                raise ApiError(400, f"invalid request: tokens[{i}]: {token} is not in the "
+                               f"vocabulary (0..{vocab - 1})", f"tokens[{i}]")
+        return JSONResponse({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
+
+    app.include_router(api)
+    return app
+
+
+def _usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return body.stream_options is not None and body.stream_options.include_usage

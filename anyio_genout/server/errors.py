@@ -1,0 +1,86 @@
+"""OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, with vLLM's
+status codes, and the exception handlers that give every failure that shape."""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from ..errors import ClientUnhealthyError, GenoutError, InvalidRequestError, UsageError
+
+__all__ = ["ApiError", "error_body", "error_for", "error_response", "install_handlers"]
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+          405: "MethodNotAllowed", 422: "BadRequestError", 500: "InternalServerError",
+          503: "ServiceUnavailableError"}
+
+
+class ApiError(Exception):
+    """Raised by a route to answer ``status`` with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, HTTPStatus(status).phrase),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> Response:
+    return Response(json.dumps(error_body(status, message, param)), status_code=status,
+                    media_type="application/json")
+
+
+def error_for(exc: GenoutError) -> ApiError:
+    """The HTTP answer to an error of the library: 400 for the caller's mistakes (naming
+    the field), 503 while the client is unhealthy, 500 for a failed request."""
+    if isinstance(exc, InvalidRequestError):
+        return ApiError(400, str(exc), exc.field)
+    if isinstance(exc, UsageError):
+        return ApiError(400, str(exc))
+    if isinstance(exc, ClientUnhealthyError):
+        return ApiError(503, f"the engines are unavailable: {exc}")
+    return ApiError(500, f"the request failed: {exc}")
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    return text or "body"
+
+
+async def _on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.param)
+
+
+async def _on_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid body"}
+    param = _loc(tuple(first.get("loc", ())))
+    return error_response(400, f"invalid request: {param}: {first.get('msg', 'invalid')}",
+                          param)
+
+
+async def _on_http(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, str(exc.detail))
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)

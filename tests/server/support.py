@@ -1,0 +1,77 @@
+"""Helpers for the server tests: ``create_app`` over a text client and a corpus-mode mock
+engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loop."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+from hypercorn.config import Config
+
+from anyio_genout.server import create_app
+from anyio_genout.transport import free_tcp_port
+from tests.support import wait_until
+from tests.text.client_support import TextSetup, text_client
+
+__all__ = ["MODEL", "Served", "served", "wait_until"]
+
+MODEL = "test-model"
+
+
+class Served:
+    def __init__(self, setup: TextSetup, base_url: str) -> None:
+        self.setup = setup
+        self.base_url = base_url
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
+    try:
+        import trio
+        from hypercorn.trio import serve as trio_serve
+
+        trio.lowlevel.current_trio_token()
+    except (ImportError, RuntimeError):
+        from hypercorn.asyncio import serve as asyncio_serve
+
+        await asyncio_serve(app, config, shutdown_trigger=shutdown.wait)
+        return
+    await trio_serve(app, config, shutdown_trigger=shutdown.wait)
+
+
+@asynccontextmanager
+async def served(*, api_key: str | None = None, **mock: Any) -> AsyncIterator[Served]:
+    """The server on 127.0.0.1:<free port>, ready (``/health`` answered) when yielded."""
+    async with text_client(**mock) as setup:
+        app = create_app(setup.text, model_name=MODEL, api_key=api_key)
+        port = free_tcp_port("127.0.0.1")
+        config = Config()
+        config.bind = [f"127.0.0.1:{port}"]
+        config.accesslog = None
+        config.graceful_timeout = 0.5
+        shutdown = anyio.Event()
+        base = f"http://127.0.0.1:{port}"
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_serve, app, config, shutdown)
+            async with httpx.AsyncClient() as http:
+                async def ready() -> bool:
+                    try:
+                        return (await http.get(f"{base}/health")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                with anyio.fail_after(10):
+                    while not await ready():  # noqa: ASYNC110 - polling a server
+                        await anyio.sleep(0.01)
+            try:
+                yield Served(setup, base)
+            finally:
+                shutdown.set()
+
+
