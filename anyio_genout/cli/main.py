@@ -13,7 +13,7 @@ from typing import Any, NoReturn, cast
 import anyio
 
 from ..errors import GenoutError, UsageError
-from . import generate_cmd, run_cmd
+from . import generate_cmd, run_cmd, serve_cmd
 from .backends import anyio_run_arguments, require_backend
 
 __all__ = ["main"]
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                       parser.add_subparsers(title="commands", required=True, metavar="COMMAND"))
     generate_cmd.add_parser(subparsers)
     run_cmd.add_parser(subparsers)
+    serve_cmd.add_parser(subparsers)
     mock = subparsers.add_parser(
         "mock-engine", add_help=False,
         help="run a mock engine core process (see `anyio-genout mock-engine --help`)")

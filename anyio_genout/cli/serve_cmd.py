@@ -1,0 +1,106 @@
+"""``anyio-genout serve``: the OpenAI-compatible HTTP server (Hypercorn, trio or asyncio)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ..errors import UsageError
+from ..text.client import TextClient
+from .backends import extra_message, importable
+from .engines import ClientSession
+from .options import add_engine_options
+from .text_model import add_model_option, load_tokenizer
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the OpenAI HTTP API (completions, chat completions, ...)",
+        description="Serve an OpenAI-compatible HTTP API (/v1/completions, "
+                    "/v1/chat/completions, /v1/models, /health, /metrics, /tokenize, "
+                    "/detokenize) in front of the engines, with Hypercorn on trio or "
+                    "asyncio. With no engine option an embedded mock engine continues the "
+                    "text shipped with anyio-genout. Needs the server extra "
+                    "(pip install 'anyio-genout[server]'). Runs until SIGINT or SIGTERM.")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port to listen on (default: %(default)s)")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every route but /health "
+                             "(default: none)")
+    parser.add_argument("--served-model-name", metavar="NAME",
+                        help="the model name clients send and /v1/models lists (default: "
+                             "the --model or --vllm-model argument, else --model-name)")
+    add_model_option(parser)
+    add_engine_options(parser)
+    parser.set_defaults(command=run)
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    name: str = args.served_model_name or args.model or args.vllm_model or args.model_name
+    return name
+
+
+async def run(args: argparse.Namespace) -> int:
+    if not (importable("fastapi") and importable("hypercorn")):
+        raise UsageError(extra_message("anyio-genout serve", "server"))
+    from hypercorn.config import Config
+
+    from ..server import create_app
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {args.port}")
+    tokenizer = load_tokenizer(args, required=True)
+    assert tokenizer is not None
+    config = Config()
+    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host
+                   else f"{args.host}:{args.port}"]
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    stop = anyio.Event()
+    interrupted = False
+
+    async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                interrupted = True
+                stop.set()  # Hypercorn shuts down gracefully (it is not cancelled)
+                return
+
+    async with ClientSession(args, tokenizer=tokenizer) as client:
+        try:
+            text_client = TextClient(client, tokenizer)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        app = create_app(text_client, model_name=served_model_name(args),
+                         api_key=args.api_key)
+        async with anyio.create_task_group() as tg:
+            await tg.start(on_signal)
+            print(f"serving {served_model_name(args)!r} on http://{config.bind[0]}",
+                  file=sys.stderr, flush=True)
+            await _serve(app, config, args.backend, stop)
+            tg.cancel_scope.cancel()
+    return 130 if interrupted else 0
+
+
+async def _serve(app: Any, config: Any, backend: str, stop: anyio.Event) -> None:
+    """Serve until ``stop`` is set; then Hypercorn closes its connections (in-flight
+    requests get ``graceful_timeout`` seconds, then are cancelled, aborting them)."""
+    if backend == "trio":
+        from hypercorn.trio import serve as trio_serve
+
+        await trio_serve(app, config, shutdown_trigger=stop.wait)
+    else:
+        from hypercorn.asyncio import serve as asyncio_serve
+
+        await asyncio_serve(app, config, shutdown_trigger=stop.wait)

@@ -1,0 +1,47 @@
+"""``anyio-genout serve`` as a user runs it: a child process, the embedded mock engine."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.cli.support import CLI, free_port
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_serve_answers_completions_and_stops_on_sigint(backend: str) -> None:
+    port = free_port("127.0.0.1")
+    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", backend,
+                              "--api-key", "k", "--served-model-name", "m"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.05)
+        body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4,
+                "temperature": 0}
+        ok = httpx.post(f"{base}/v1/completions", json=body,
+                        headers={"authorization": "Bearer k"})
+        denied = httpx.post(f"{base}/v1/completions", json=body)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["choices"][0]["finish_reason"] == "length"
+        assert denied.status_code == 401
+        assert denied.json()["error"]["code"] == 401
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=20)
+    assert child.returncode == 130, err
+    assert "Bearer k" not in err  # the key is never logged
