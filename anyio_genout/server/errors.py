@@ -53,8 +53,22 @@ def error_for(exc: GenoutError) -> ApiError:
     return ApiError(500, f"the request failed: {exc}")
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+def _loc(loc: tuple[int | str, ...], body: Any) -> str:
+    # pydantic puts a union member's tag in loc ("stop", "str"; "prompt", "list[int]", 0):
+    # keep only the parts that are keys or indexes of the body sent.
+    parts: list[str] = []
+    node = body
+    path = loc[1:] if loc[:1] == ("body",) else loc
+    for i, p in enumerate(path):
+        if isinstance(node, dict) and p in node:  # noqa: SIM114 - mypy narrows p per branch
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        elif isinstance(node, dict) and i == len(path) - 1 and "[" not in str(p):
+            node = None  # a missing field
+        else:
+            continue  # a union member's tag
+        parts.append(str(p))
     text = ""
     for part in parts:
         text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
@@ -70,7 +84,13 @@ async def _on_validation(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid body"}
-    param = _loc(tuple(first.get("loc", ())))
+    if first.get("type") == "json_invalid":
+        # loc is ("body", <character offset>): not a field, so no param.
+        ctx = first.get("ctx")
+        detail = str(ctx.get("error", "")) if isinstance(ctx, dict) else ""
+        return error_response(400, f"invalid request: the body is not valid JSON ({detail})"
+                              if detail else "invalid request: the body is not valid JSON")
+    param = _loc(tuple(first.get("loc", ())), exc.body)
     return error_response(400, f"invalid request: {param}: {first.get('msg', 'invalid')}",
                           param)
 
@@ -80,7 +100,15 @@ async def _on_http(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail))
 
 
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    # Starlette's ServerErrorMiddleware calls this (and still re-raises, so the traceback
+    # is logged) when a route fails before its response started: the client gets OpenAI's
+    # body, not a text/plain "Internal Server Error". Nothing of the exception is shown.
+    return error_response(500, "internal server error")
+
+
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(Exception, _on_unexpected)
