@@ -39,6 +39,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: "
                              "the --model or --vllm-model argument, else --model-name)")
+    limits = parser.add_argument_group("limits (hostile clients)")
+    limits.add_argument("--max-body-size", type=int, default=1 << 20, metavar="BYTES",
+                        help="largest request body; a larger one is 413 (default: "
+                             "%(default)s, 1 MiB)")
+    limits.add_argument("--max-n", type=int, default=16, metavar="N",
+                        help="largest n (choices per request); a larger one is 400 "
+                             "(default: %(default)s)")
+    limits.add_argument("--max-concurrent-requests", type=int, metavar="N",
+                        help="completions and chat completions served at once; one more "
+                             "is 429 (default: no limit)")
+    limits.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="Hypercorn's keep_alive_timeout: a connection must send a "
+                             "request's headers within it (slow-loris), and an idle one is "
+                             "closed after it (default: %(default)s)")
+    limits.add_argument("--read-timeout", type=int, metavar="SECONDS",
+                        help="Hypercorn's read_timeout: close a connection that sends "
+                             "nothing for this long, even while its response streams "
+                             "(default: none; set it above your longest response)")
     add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)
@@ -58,6 +76,13 @@ async def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
+    for option in ("max_body_size", "max_n", "max_concurrent_requests", "read_timeout"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    if not args.keep_alive_timeout > 0:
+        raise UsageError(f"--keep-alive-timeout must be positive, got "
+                         f"{args.keep_alive_timeout}")
     tokenizer = load_tokenizer(args, required=True)
     assert tokenizer is not None
     config = Config()
@@ -65,6 +90,8 @@ async def run(args: argparse.Namespace) -> int:
                    else f"{args.host}:{args.port}"]
     config.accesslog = None
     config.graceful_timeout = 1.0
+    config.keep_alive_timeout = args.keep_alive_timeout
+    config.read_timeout = args.read_timeout
     stop = anyio.Event()
     interrupted = False
 
@@ -83,7 +110,9 @@ async def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         app = create_app(text_client, model_name=served_model_name(args),
-                         api_key=args.api_key)
+                         api_key=args.api_key, max_n=args.max_n,
+                         max_body_size=args.max_body_size,
+                         max_concurrent_requests=args.max_concurrent_requests)
         async with anyio.create_task_group() as tg:
             await tg.start(on_signal)
             print(f"serving {served_model_name(args)!r} on http://{config.bind[0]}",

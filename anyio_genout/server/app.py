@@ -7,17 +7,19 @@ import os
 import time
 from typing import Any
 
+import attrs
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from ..errors import GenoutError
-from ..protocol import SamplingParams
+from ..protocol import SamplingParams, StructuredOutputsParams
 from ..text.client import TextClient
 from ..text.request import TextRequest
 from .errors import ApiError, error_for, install_handlers
 from .formats import ChatFormat, CompletionFormat
+from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response import TextResponse
 
@@ -28,15 +30,53 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty
              "frequency_penalty", "repetition_penalty")
 
 
+def _structured(body: CompletionRequest | ChatCompletionRequest
+                ) -> StructuredOutputsParams | None:
+    """``response_format`` or vLLM's ``structured_outputs`` as the engine's constraint (its
+    checks run on entering the request and name ``structured_outputs.<kind>``)."""
+    form, extension = body.response_format, body.structured_outputs
+    if form is not None and form.type != "text" and extension is not None:
+        raise ApiError(400, "invalid request: structured_outputs: give either "
+                       "response_format or structured_outputs, not both", "structured_outputs")
+    if extension is not None:
+        try:
+            return StructuredOutputsParams(**extension)
+        except TypeError as exc:
+            raise ApiError(400, f"invalid request: structured_outputs: {exc}",
+                           "structured_outputs") from None
+        except GenoutError as exc:
+            raise error_for(exc) from None
+    if form is None or form.type == "text":
+        return None
+    if form.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if form.json_schema is None or form.json_schema.json_schema is None:
+        raise ApiError(400, "invalid request: response_format.json_schema: needs a schema "
+                       "with type json_schema", "response_format.json_schema")
+    return StructuredOutputsParams(json=form.json_schema.json_schema)
+
+
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
               logprobs: int | None) -> SamplingParams:
     given = {name: getattr(body, name) for name in _SAMPLING if getattr(body, name) is not None}
     try:
         return SamplingParams(max_tokens=max_tokens, min_tokens=body.min_tokens,
                               ignore_eos=body.ignore_eos, logprobs=logprobs,
-                              stop_token_ids=tuple(body.stop_token_ids or ()), **given)
+                              stop_token_ids=tuple(body.stop_token_ids or ()),
+                              structured_outputs=_structured(body), **given)
     except (TypeError, ValueError) as exc:
         raise ApiError(400, f"invalid sampling parameters: {exc}") from None
+
+
+def _choices(request: TextRequest, n: int) -> list[TextRequest]:
+    """The ``n`` child requests of one with ``n`` choices, as vLLM makes them: ids
+    ``"{i}_{id}"`` and seeds ``seed + i`` when a seed is given."""
+    if n == 1:
+        return [request]
+    params = request.sampling_params
+    return [attrs.evolve(request, request_id=f"{i}_{request.request_id}",
+                         sampling_params=params if params.seed is None else
+                         attrs.evolve(params, seed=params.seed + i)) for i in range(n)]
 
 
 def _request_id(prefix: str, body: CompletionRequest | ChatCompletionRequest) -> str:
@@ -63,20 +103,36 @@ def _one_prompt(prompt: str | list[int] | list[str] | list[list[int]]
     return (first, None) if isinstance(first, str) else (None, list(first))  # type: ignore[arg-type]
 
 
-def _only_n_1(n: int) -> None:
-    if n != 1:
-        raise ApiError(400, "invalid request: n: only n=1 is supported yet", "n")
+#: The defaults of create_app's limits (and of ``anyio-genout serve``'s options).
+MAX_N = 16
+MAX_BODY_SIZE = 1 << 20
 
 
-def create_app(text_client: TextClient, *, model_name: str,
-               api_key: str | None = None) -> FastAPI:
+def create_app(text_client: TextClient, *, model_name: str, api_key: str | None = None,
+               max_n: int = MAX_N, max_body_size: int = MAX_BODY_SIZE,
+               max_concurrent_requests: int | None = None) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
     one is 404). With ``api_key``, every route but ``/health`` needs
     ``Authorization: Bearer <api_key>`` (401 otherwise; compared in constant time).
-    Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn. See docs/server.md.
+    Limits: ``n`` at most ``max_n`` (400), a request body at most ``max_body_size`` bytes
+    (413), ``max_tokens`` at most the engines' ``max_model_len`` (400), and with
+    ``max_concurrent_requests`` at most that many completions and chat completions at once
+    (429 beyond). Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
+    See docs/server.md.
     """
+
+    def check_n(n: int) -> None:
+        if n > max_n:
+            raise ApiError(400, f"invalid request: n: must be at most {max_n}, got {n}", "n")
+
+    def check_max_tokens(max_tokens: int | None, field: str) -> None:
+        limit = client.engine.max_model_len
+        if max_tokens is not None and max_tokens > limit:
+            raise ApiError(400, f"{field}={max_tokens} cannot be greater than "
+                           f"max_model_len={limit}. Please request fewer output tokens.", field)
+
     expected = f"Bearer {api_key}".encode() if api_key is not None else None
 
     async def authorized(request: Request) -> None:
@@ -94,6 +150,9 @@ def create_app(text_client: TextClient, *, model_name: str,
     tokenizer = text_client.tokenizer
     app = FastAPI(title="anyio-genout", docs_url=None, redoc_url=None)
     install_handlers(app)
+    app.add_middleware(Limits, max_body_size=max_body_size,
+                       max_concurrent_requests=max_concurrent_requests,
+                       limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
     api = APIRouter(dependencies=[Depends(authorized)])
 
     @app.get("/health")
@@ -118,7 +177,8 @@ def create_app(text_client: TextClient, *, model_name: str,
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Response:
         check_model(body.model)
-        _only_n_1(body.n)
+        check_n(body.n)
+        check_max_tokens(body.max_tokens, "max_tokens")
         if body.echo:
             raise ApiError(400, "invalid request: echo: not supported yet", "echo")
         prompt, ids = _one_prompt(body.prompt)
@@ -130,14 +190,16 @@ def create_app(text_client: TextClient, *, model_name: str,
             skip_special_tokens=body.skip_special_tokens,
             spaces_between_special_tokens=body.spaces_between_special_tokens,
             add_special_tokens=body.add_special_tokens if prompt is not None else None)
-        return TextResponse(text_client, request,
+        return TextResponse(text_client, _choices(request, body.n),
                             CompletionFormat(request_id, model_name, body.logprobs),
                             stream=body.stream, include_usage=_usage(body))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
-        _only_n_1(body.n)
+        check_n(body.n)
+        check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
+        check_max_tokens(body.max_tokens, "max_tokens")
         top = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
@@ -152,8 +214,9 @@ def create_app(text_client: TextClient, *, model_name: str,
             spaces_between_special_tokens=body.spaces_between_special_tokens,
             add_generation_prompt=body.add_generation_prompt,
             chat_template_kwargs=body.chat_template_kwargs)
-        return TextResponse(text_client, request, ChatFormat(request_id, model_name, top),
-                            stream=body.stream, include_usage=_usage(body))
+        return TextResponse(text_client, _choices(request, body.n),
+                            ChatFormat(request_id, model_name, top), stream=body.stream,
+                            include_usage=_usage(body))
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:

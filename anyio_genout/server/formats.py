@@ -39,13 +39,22 @@ class Format:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def first_chunks(self) -> list[dict[str, Any]]:
+    def first_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
 
-    def chunk(self, out: TextOutput) -> dict[str, Any] | None:
+    def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def whole(self, out: CollectedTextOutput) -> dict[str, Any]:
+    def whole(self, outs: list[CollectedTextOutput]) -> dict[str, Any]:
+        """The whole response of ``outs``, one choice each (by index); the usage counts the
+        prompt once and the completions of all."""
+        body = self.envelope(self.object_whole, [self.whole_choice(out, i)
+                                                 for i, out in enumerate(outs)])
+        body["usage"] = usage(outs[0].usage.prompt_token_count,
+                              sum(out.usage.output_token_count for out in outs))
+        return body
+
+    def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         raise NotImplementedError
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
@@ -59,40 +68,41 @@ class CompletionFormat(Format):
 
     def __init__(self, response_id: str, model: str, top: int | None) -> None:
         super().__init__(response_id, model, top)
-        self._offset = 0
+        self._offsets: dict[int, int] = {}  # by choice index
 
-    def _logprobs(self, rows: list[list[TokenLogprob]] | None) -> dict[str, Any] | None:
+    def _logprobs(self, rows: list[list[TokenLogprob]] | None, index: int
+                  ) -> dict[str, Any] | None:
         if self.top is None or rows is None:
             return None
         offsets, tokens, values, tops = [], [], [], []
+        offset = self._offsets.get(index, 0)
         for row in rows:
             sampled = row[0]
-            offsets.append(self._offset)
-            self._offset += len(sampled.token)
+            offsets.append(offset)
+            offset += len(sampled.token)
             tokens.append(sampled.token)
             values.append(sampled.logprob)
             tops.append({e.token: e.logprob for e in row[: self.top + 1]} if self.top else None)
+        self._offsets[index] = offset
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
                 "top_logprobs": tops}
 
     def _choice(self, text: str, rows: list[list[TokenLogprob]] | None,
-                reason: FinishReason | None) -> dict[str, Any]:
+                reason: FinishReason | None, index: int) -> dict[str, Any]:
         finish, stop = _finish(reason)
-        return {"index": 0, "text": text, "logprobs": self._logprobs(rows),
+        return {"index": index, "text": text, "logprobs": self._logprobs(rows, index),
                 "finish_reason": finish, "stop_reason": stop}
 
-    def chunk(self, out: TextOutput) -> dict[str, Any] | None:
+    def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         return self.envelope(self.object_chunk,
-                             [self._choice(out.text, out.logprobs, out.finish_reason)])
+                             [self._choice(out.text, out.logprobs, out.finish_reason, index)])
 
-    def whole(self, out: CollectedTextOutput) -> dict[str, Any]:
-        choice = self._choice(out.text, out.logprobs, out.finish_reason)
+    def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
+        choice = self._choice(out.text, out.logprobs, out.finish_reason, index)
         choice["prompt_logprobs"] = None
-        body = self.envelope(self.object_whole, [choice])
-        body["usage"] = usage(out.usage.prompt_token_count, out.usage.output_token_count)
-        return body
+        return choice
 
 
 def _entry(entry: TokenLogprob) -> dict[str, Any]:
@@ -111,26 +121,23 @@ class ChatFormat(Format):
                              "top_logprobs": [_entry(e) for e in row[1: self.top + 1]]}
                             for row in rows]}
 
-    def first_chunks(self) -> list[dict[str, Any]]:
+    def first_chunks(self, n: int) -> list[dict[str, Any]]:
         return [self.envelope(self.object_chunk, [
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-             "finish_reason": None}])]
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}]) for i in range(n)]
 
-    def chunk(self, out: TextOutput) -> dict[str, Any] | None:
+    def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         finish, stop = _finish(out.finish_reason)
-        choice = {"index": 0, "delta": {"content": out.text} if out.text else {},
+        choice = {"index": index, "delta": {"content": out.text} if out.text else {},
                   "logprobs": self._logprobs(out.logprobs), "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = stop
         return self.envelope(self.object_chunk, [choice])
 
-    def whole(self, out: CollectedTextOutput) -> dict[str, Any]:
+    def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         finish, stop = _finish(out.finish_reason)
-        body = self.envelope(self.object_whole, [
-            {"index": 0, "message": {"role": "assistant", "content": out.text},
-             "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
-             "stop_reason": stop}])
-        body["usage"] = usage(out.usage.prompt_token_count, out.usage.output_token_count)
-        return body
+        return {"index": index, "message": {"role": "assistant", "content": out.text},
+                "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
+                "stop_reason": stop}

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest",
-           "StreamOptions", "TokenizeRequest"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "JsonSchema",
+           "ResponseFormat", "StreamOptions", "TokenizeRequest"]
 
 
 class _Body(BaseModel):
@@ -21,6 +21,22 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+class JsonSchema(_Body):
+    """``response_format.json_schema``: the schema is under ``schema`` (as OpenAI sends it)."""
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """``response_format``: ``text`` (no constraint), ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
 
 
 class _Sampling(_Body):
@@ -46,6 +62,9 @@ class _Sampling(_Body):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     request_id: str | None = None
+    response_format: ResponseFormat | None = None
+    #: vLLM's extension: the fields of its StructuredOutputsParams (checked on entering).
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -11,6 +11,8 @@ error event and ``data: [DONE]``, so a client never hangs.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -19,8 +21,9 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import GenoutError
 from ..text.client import TextClient
-from ..text.output import collect_text
+from ..text.output import CollectedTextOutput, collect_text
 from ..text.request import TextRequest
+from ..text.stream import TextStream
 from .errors import error_body, error_for
 from .formats import Format
 
@@ -41,17 +44,25 @@ def _event(value: Any) -> bytes:
 
 
 class TextResponse(Response):
-    """Run ``request`` on ``text_client`` and answer in ``fmt``'s shape (SSE if ``stream``)."""
+    """Run ``requests`` (one per choice, ``n`` of them) on ``text_client`` and answer in
+    ``fmt``'s shape (SSE if ``stream``).
 
-    def __init__(self, text_client: TextClient, request: TextRequest, fmt: Format, *,
-                 stream: bool, include_usage: bool) -> None:
+    Every request is entered (checked and sent) before the response starts, so a bad field
+    is a 400; then each is read by its own task in one task group, and streamed chunks
+    interleave by choice ``index``. Leaving early (a disconnect, an error of one choice)
+    leaves every request's scope, aborting each still running exactly once.
+    """
+
+    def __init__(self, text_client: TextClient, requests: Sequence[TextRequest], fmt: Format,
+                 *, stream: bool, include_usage: bool) -> None:
         super().__init__()
         self._text = text_client
-        self._request = request
+        self._requests = requests
         self._fmt = fmt
         self._stream = stream
         self._include_usage = include_usage
         self._started = False
+        self._lock = anyio.Lock() if len(requests) > 1 else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
@@ -77,26 +88,69 @@ class TextResponse(Response):
     async def _body(self, send: Send, body: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": more})
 
+    async def _event(self, send: Send, value: Any) -> None:
+        if self._lock is None:
+            await self._body(send, _event(value), more=True)
+            return
+        async with self._lock:  # choices send from their own tasks
+            await self._body(send, _event(value), more=True)
+
+    @staticmethod
+    async def _each(streams: list[TextStream],
+                    work: Callable[[int, TextStream], Awaitable[None]]) -> None:
+        """``work(i, stream)`` for each stream, concurrently when several; the first error
+        of the library cancels the others and is raised as it is (no ExceptionGroup)."""
+        if len(streams) == 1:
+            await work(0, streams[0])
+            return
+        failures: list[GenoutError] = []
+
+        async def one(i: int, stream: TextStream, scope: anyio.CancelScope) -> None:
+            try:
+                await work(i, stream)
+            except GenoutError as exc:
+                failures.append(exc)
+                scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for i, stream in enumerate(streams):
+                tg.start_soon(one, i, stream, tg.cancel_scope)
+        if failures:
+            raise failures[0]
+
     async def _run(self, send: Send) -> None:
         try:
-            async with self._text.generate(self._request) as stream:
+            async with AsyncExitStack() as scopes:
+                streams = [await scopes.enter_async_context(self._text.generate(request))
+                           for request in self._requests]
                 if not self._stream:
-                    whole = await collect_text(stream)
+                    wholes: list[CollectedTextOutput | None] = [None] * len(streams)
+
+                    async def collect(i: int, stream: TextStream) -> None:
+                        wholes[i] = await collect_text(stream)
+
+                    await self._each(streams, collect)
+                    done = [whole for whole in wholes if whole is not None]
                     await self._start(send, 200, _JSON_HEADERS)
-                    await self._body(send, _dumps(self._fmt.whole(whole)), more=False)
+                    await self._body(send, _dumps(self._fmt.whole(done)), more=False)
                     return
                 await self._start(send, 200, _SSE_HEADERS)
                 fmt = self._fmt
-                for first in fmt.first_chunks():
+                for first in fmt.first_chunks(len(streams)):
                     await self._body(send, _event(first), more=True)
                 completion = 0
-                async for out in stream:
-                    completion += len(out.token_ids)
-                    chunk = fmt.chunk(out)
-                    if chunk is not None:
-                        await self._body(send, _event(chunk), more=True)
+
+                async def relay(i: int, stream: TextStream) -> None:
+                    nonlocal completion
+                    async for out in stream:
+                        completion += len(out.token_ids)
+                        chunk = fmt.chunk(out, i)
+                        if chunk is not None:
+                            await self._event(send, chunk)
+
+                await self._each(streams, relay)
                 if self._include_usage:
-                    usage = fmt.usage_chunk(len(stream.prompt_token_ids), completion)
+                    usage = fmt.usage_chunk(len(streams[0].prompt_token_ids), completion)
                     await self._body(send, _event(usage), more=True)
                 await self._body(send, _DONE, more=False)
         except GenoutError as exc:

@@ -46,10 +46,12 @@ async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
 
 
 @asynccontextmanager
-async def served(*, api_key: str | None = None, **mock: Any) -> AsyncIterator[Served]:
-    """The server on 127.0.0.1:<free port>, ready (``/health`` answered) when yielded."""
+async def served(*, api_key: str | None = None, app_options: dict[str, Any] | None = None,
+                 **mock: Any) -> AsyncIterator[Served]:
+    """The server on 127.0.0.1:<free port>, ready (``/health`` answered) when yielded;
+    ``app_options`` go to ``create_app`` (its limits)."""
     async with text_client(**mock) as setup:
-        app = create_app(setup.text, model_name=MODEL, api_key=api_key)
+        app = create_app(setup.text, model_name=MODEL, api_key=api_key, **(app_options or {}))
         port = free_tcp_port("127.0.0.1")
         config = Config()
         config.bind = [f"127.0.0.1:{port}"]

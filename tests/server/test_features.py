@@ -1,0 +1,220 @@
+"""Server features with the ``openai`` package on a real port, on every backend: ``n``
+choices, the limits against hostile clients, structured outputs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+import openai
+import pytest
+
+from tests.server.support import MODEL, Served, served, wait_until
+from tests.text.client_support import PROMPT, added
+
+pytestmark = [
+    pytest.mark.anyio,
+    # See test_openai_client.py: openai's AsyncStream leaves async generators to the GC.
+    pytest.mark.filterwarnings(
+        r"ignore:Exception ignored in. <async_generator object (AsyncStream\._iter_events|"
+        r"SSEDecoder\.aiter_bytes|Response\.aiter_bytes|PoolByteStream\.__aiter__)"
+        r":pytest.PytestUnraisableExceptionWarning"),
+]
+
+MESSAGES: Any = [{"role": "user", "content": "Tell me a story"}]
+
+
+def _async(s: Served) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=s.v1, api_key="none", max_retries=0)
+
+
+def _param(error: openai.APIStatusError) -> Any:
+    assert isinstance(error.body, dict)
+    return error.body["param"]
+
+
+async def _open_stream(s: Served, body: dict[str, Any], events: int = 3
+                       ) -> anyio.abc.SocketStream:
+    """A raw connection that posted a streamed completion and received ``events`` events
+    (closing it is a real disconnect)."""
+    data = json.dumps(body).encode()
+    port = int(s.base_url.rsplit(":", 1)[1])
+    conn = await anyio.connect_tcp("127.0.0.1", port)
+    await conn.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                    b"content-type: application/json\r\ncontent-length: "
+                    + str(len(data)).encode() + b"\r\n\r\n" + data)
+    seen = b""
+    with anyio.fail_after(5):
+        while seen.count(b"data: ") < events:
+            seen += await conn.receive()
+    return conn
+
+
+# ---------------------------------------------------------------------------------- n
+
+
+async def test_n_choices_are_child_requests_with_seeds_and_summed_usage() -> None:
+    async with served() as s, _async(s) as client:
+        whole = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5,
+                                                n=3, seed=7,
+                                                extra_body={"request_id": "par"})
+        chat = await client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2,
+                                                    max_completion_tokens=4)
+        adds = added(s.setup.engine)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "length" and c.text for c in whole.choices)
+    assert whole.id == "par"
+    assert whole.usage is not None and whole.usage.completion_tokens == 15
+    one_prompt = whole.usage.prompt_tokens
+    assert whole.usage.total_tokens == one_prompt + 15  # the prompt counts once
+    first = [a.request for a in adds[:3]]
+    assert [r.request_id.split("-")[0] for r in first] == ["0_par", "1_par", "2_par"]
+    assert [r.sampling_params.seed for r in first] == [7, 8, 9]
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.usage is not None and chat.usage.completion_tokens == 8
+    assert [a.request.sampling_params.seed for a in adds[3:]] == [None, None]
+
+
+async def test_n_streamed_choices_interleave_by_index() -> None:
+    async with served(step_time=0.002) as s, _async(s) as client:
+        async with await client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=6, n=3, temperature=0.0, stream=True,
+                stream_options={"include_usage": True}) as stream:
+            chunks = [chunk async for chunk in stream]
+        async with await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=4, n=2, stream=True) as chat:
+            chat_chunks = [chunk async for chunk in chat]
+    indexes = [c.choices[0].index for c in chunks if c.choices]
+    assert sorted(set(indexes)) == [0, 1, 2]
+    assert indexes != sorted(indexes)  # not one choice after the other
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+             for i in range(3)]
+    assert texts[0] and texts[0] == texts[1] == texts[2]  # greedy
+    finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1, 2]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 18
+    roles = [c.choices[0].index for c in chat_chunks if c.choices[0].delta.role]
+    assert roles == [0, 1]
+    assert sorted(c.choices[0].index for c in chat_chunks if c.choices[0].finish_reason) \
+        == [0, 1]
+
+
+async def test_a_disconnect_aborts_every_choice_exactly_once() -> None:
+    async with served(step_time=0.01) as s, httpx.AsyncClient() as http:
+        async with await _open_stream(s, {"model": MODEL, "prompt": PROMPT, "max_tokens": 1000,
+                                          "n": 3, "stream": True, "request_id": "drop"}, 6):
+            pass
+        engine = s.setup.engine
+        await wait_until(lambda: len(engine.aborted_ids) >= 3)
+        await anyio.sleep(0.1)  # nothing more arrives
+        assert sorted(engine.aborted_ids) == sorted(r.request.request_id
+                                                    for r in added(engine))
+        assert len(set(engine.aborted_ids)) == 3
+        after = await http.post(f"{s.v1}/completions",
+                                json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+    assert after.status_code == 200
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+async def test_n_and_max_tokens_are_bounded_with_400_naming_the_field() -> None:
+    async with served(max_model_len=64, app_options={"max_n": 4}) as s, _async(s) as client:
+        with pytest.raises(openai.BadRequestError) as many:
+            await client.completions.create(model=MODEL, prompt=PROMPT, n=5)
+        with pytest.raises(openai.BadRequestError) as long:
+            await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=65)
+        with pytest.raises(openai.BadRequestError) as long_chat:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                 max_completion_tokens=100)
+        ok = await client.completions.create(model=MODEL, prompt=PROMPT, n=4, max_tokens=2)
+    assert _param(many.value) == "n"
+    assert _param(long.value) == "max_tokens"
+    assert "max_model_len=64" in long.value.message
+    assert _param(long_chat.value) == "max_completion_tokens"
+    assert len(ok.choices) == 4
+
+
+async def test_a_body_beyond_the_limit_is_413_with_or_without_a_length() -> None:
+    async with served(app_options={"max_body_size": 2000}) as s, httpx.AsyncClient() as http:
+        big = {"model": MODEL, "prompt": "x" * 3000, "max_tokens": 2}
+        sized = await http.post(f"{s.v1}/completions", json=big)
+
+        async def chunks() -> Any:
+            data = json.dumps(big).encode()
+            for i in range(0, len(data), 500):
+                yield data[i:i + 500]
+
+        chunked = await http.post(f"{s.v1}/completions", content=chunks(),
+                                  headers={"content-type": "application/json"})
+        ok = await http.post(f"{s.v1}/completions",
+                             json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+    for response in (sized, chunked):
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == 413
+    assert ok.status_code == 200
+
+
+async def test_requests_beyond_max_concurrent_requests_are_429() -> None:
+    async with served(step_time=0.01, app_options={"max_concurrent_requests": 1}) as s, \
+            _async(s) as client:
+        async with await _open_stream(s, {"model": MODEL, "prompt": PROMPT,
+                                          "max_tokens": 1000, "stream": True}):
+            with pytest.raises(openai.RateLimitError) as refused:
+                await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+            models = await client.models.list()  # not a generation: not limited
+        engine = s.setup.engine
+        await wait_until(lambda: engine.abort_frames >= 1)
+        ok = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+    assert refused.value.status_code == 429
+    assert isinstance(refused.value.body, dict) and refused.value.body["code"] == 429
+    assert [m.id for m in models.data] == [MODEL]
+    assert ok.choices[0].text
+
+
+# ------------------------------------------------------------------ structured outputs
+
+
+async def test_response_format_and_structured_outputs_reach_the_engine() -> None:
+    # The mock engine ignores constraints: what is tested is the constraint it receives.
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    async with served() as s, _async(s) as client:
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                             response_format={"type": "json_object"})
+        await client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "a", "schema": schema}})
+        await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2,
+                                        extra_body={"structured_outputs": {"regex": "a+"}})
+        await client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=2,
+            extra_body={"response_format": {"type": "json_object"}})
+        await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                             response_format={"type": "text"})
+        wires = [a.sampling_wire.get("structured_outputs") for a in added(s.setup.engine)]
+    assert wires[0]["json_object"] is True
+    assert wires[1]["json"] == schema
+    assert wires[2]["regex"] == "a+"
+    assert wires[3]["json_object"] is True
+    assert wires[4] is None
+
+
+async def test_invalid_structured_outputs_are_400_naming_the_field() -> None:
+    async with served() as s, _async(s) as client:
+        refused = []
+        for extra in ({"structured_outputs": {"json": "{not json"}},
+                      {"structured_outputs": {"bogus": 1}},
+                      {"structured_outputs": {"regex": "a", "choice": ["x"]}},
+                      {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+                      {"response_format": {"type": "yaml"}}):
+            with pytest.raises(openai.BadRequestError) as bad:
+                await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                     max_tokens=2, extra_body=extra)
+            refused.append(_param(bad.value))
+        assert added(s.setup.engine) == []
+    assert refused == ["structured_outputs.json", "structured_outputs", "structured_outputs",
+                       "response_format.json_schema", "response_format.type"]
