@@ -31,6 +31,7 @@ from ..text.client import TextClient
 from ..text.request import TextRequest
 from .engines import ClientSession, interruptible
 from .options import add_engine_options, dumps, positive_int
+from .run_batch import BatchItem, BatchParser, BatchRunner, batch_line_id, first_line, is_batch_line
 from .run_input import (
     BadLine,
     LineParser,
@@ -45,7 +46,7 @@ from .run_input import (
 )
 from .run_output import EXIT_BAD_INPUT, Job, open_output, run_one
 from .run_resume import DoneIds, read_done
-from .text_model import add_model_option, load_tokenizer
+from .text_model import NO_TOKENIZER, add_model_option, load_tokenizer
 
 __all__ = ["BadLine", "DoneIds", "Job", "LineParser", "LineReader", "Scan", "add_parser",
            "read_done", "run", "run_all", "scan"]
@@ -111,9 +112,19 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
             if source.seekable():
                 found: Scan = await in_thread(scan, source)
                 job.total, repeated = found.total, found.repeated
-            parser = LineParser(repeated, text=text)
+            # The first line decides the format of the whole file (OpenAI batch lines or ours).
+            lines = LineReader(source)
+            first = (await in_thread(first_line, source) if source.seekable()
+                     else await lines.first_line())
+            batch = first is not None and is_batch_line(first)
+            if batch and tokenizer is None:
+                raise UsageError(f"OpenAI batch lines {NO_TOKENIZER}")
+            model = str(args.model or args.vllm_model or args.model_name)
+            parser: LineParser | BatchParser = (
+                BatchParser(model) if batch else LineParser(repeated, text=text))
             if args.strict:
-                problems = await in_thread(check_all, source, LineParser(repeated, text=text))
+                problems = await in_thread(check_all, source, BatchParser(model) if batch
+                                           else LineParser(repeated, text=text))
                 if problems:
                     print(f"anyio-genout: {problems} invalid line(s); nothing was run "
                           "(--strict)", file=sys.stderr)
@@ -133,7 +144,7 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
                         text_client = TextClient(client, tokenizer)
                     except ValueError as exc:
                         raise UsageError(str(exc)) from None
-                await _serve(args, client, source, parser, done, out, job, text_client)
+                await _serve(args, client, lines, parser, done, out, job, text_client)
     finally:
         if out is sys.stdout:
             out.flush()
@@ -143,8 +154,8 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
     return job.report(args.output, bool(interrupted))
 
 
-async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
-                 parser: LineParser, done: DoneIds | None, out: IO[str], job: Job,
+async def _serve(args: argparse.Namespace, client: Client, lines: LineReader,
+                 parser: LineParser | BatchParser, done: DoneIds | None, out: IO[str], job: Job,
                  text_client: TextClient | None = None) -> None:
     server = None
     if args.metrics_port is not None:
@@ -156,24 +167,30 @@ async def _serve(args: argparse.Namespace, client: Client, source: BinaryIO,
         job.restart()
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.show)
-            await run_all(client, LineReader(source), parser, done, args.concurrency, out, job,
-                          text_client)
+            runner = (BatchRunner(text_client) if isinstance(parser, BatchParser)
+                      and text_client is not None else None)
+            await run_all(client, lines, parser, done, args.concurrency, out, job,
+                          text_client, batch=runner)
             tg.cancel_scope.cancel()
     finally:
         if server is not None:
             server[0].shutdown()
 
 
-async def run_all(client: Client, lines: LineReader, parser: LineParser,
+async def run_all(client: Client, lines: LineReader, parser: LineParser | BatchParser,
                    done: DoneIds | None, concurrency: int, out: IO[str], job: Job,
-                   text_client: TextClient | None = None) -> None:
+                   text_client: TextClient | None = None, *,
+                   batch: BatchRunner | None = None) -> None:
     """Feed parsed requests to ``concurrency`` workers, one at a time as they free up.
 
     The feeder holds at most one parsed request beyond those in flight (the channel has no
     buffer). When the engines die the feeder stops: requests in flight end with an error
-    line, the ones not started have no line (``--resume`` runs them).
+    line, the ones not started have no line (``--resume`` runs them). With ``batch`` the
+    lines are OpenAI batch lines (``parser`` a :class:`BatchParser`), run by ``batch``.
     """
-    send, receive = anyio.create_memory_object_stream[GenerateRequest | TextRequest](0)
+    send, receive = anyio.create_memory_object_stream[
+        GenerateRequest | TextRequest | BatchItem](0)
+    id_of = line_id if batch is None else batch_line_id
     feeder = anyio.CancelScope()
     engine = client.engine
 
@@ -192,7 +209,7 @@ async def run_all(client: Client, lines: LineReader, parser: LineParser,
                     number += 1
                     if not line.strip():
                         continue
-                    if done is not None and (rid := line_id(line, number)) is not None \
+                    if done is not None and (rid := id_of(line, number)) is not None \
                             and rid in done:
                         job.done += 1  # finished in an earlier run: not even parsed
                         job.resumed += 1
@@ -213,14 +230,20 @@ async def run_all(client: Client, lines: LineReader, parser: LineParser,
         async for request in receive:
             if stop_if_dead():
                 return  # not started: no line
-            result = await run_one(client, request, text_client)
+            if isinstance(request, BatchItem):
+                assert batch is not None
+                result, failure, tokens = await batch.run(request)
+            else:
+                result = await run_one(client, request, text_client)
+                failure = result.get("error")
+                tokens = len(result.get("token_ids", ()))
             out.write(dumps(result) + "\n")
             out.flush()
-            if "error" in result:
-                job.fail(request.request_id, result["error"], engine_dead=stop_if_dead())
+            if failure is not None:
+                job.fail(request.request_id, failure, engine_dead=stop_if_dead())
             else:
                 job.done += 1
-                job.tokens += len(result["token_ids"])
+                job.tokens += tokens
 
     with receive:
         async with anyio.create_task_group() as tg:

@@ -230,14 +230,31 @@ class LineReader:
         self._chunk = chunk
         self._rest = b""
         self._eof = False
+        self._held: list[bytes] = []
 
     def _read(self) -> bytes:
         read1 = getattr(self._source, "read1", None)
         data: bytes = read1(self._chunk) if read1 is not None else self._source.read(self._chunk)
         return data
 
+    async def first_line(self) -> bytes | None:
+        """The first non-blank line (None if there is none), left for :meth:`next_batch`."""
+        held: list[bytes] = []
+        try:
+            while (batch := await self.next_batch()) is not None:
+                held.extend(batch)
+                for line in batch:
+                    if line.strip():
+                        return line
+            return None
+        finally:
+            self._held = held
+
     async def next_batch(self) -> list[bytes] | None:
         """The next complete lines (the last one may lack its newline); None at the end."""
+        if self._held:
+            held, self._held = self._held, []
+            return held
         while not self._eof:
             chunk = await anyio.to_thread.run_sync(self._read, abandon_on_cancel=True)
             if not chunk:

@@ -95,6 +95,12 @@ def finished_id(line: bytes) -> str | None:
         value = json.loads(line)
     except ValueError:
         return None
+    if isinstance(value, dict) and "custom_id" in value and "response" in value:
+        # An OpenAI batch output line (run_batch.py): finished if it has no error.
+        response, custom_id = value["response"], value["custom_id"]
+        ok = value.get("error") is None and isinstance(response, dict) \
+            and response.get("status_code") == 200
+        return custom_id if ok and isinstance(custom_id, str) else None
     if not isinstance(value, dict) or "error" in value:
         return None
     found_id = value.get("request_id")
