@@ -30,6 +30,24 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty
              "frequency_penalty", "repetition_penalty")
 
 
+def _check_unicode(value: object, field: str) -> None:
+    """400 naming the place of a lone surrogate (valid JSON escapes, not text a tokenizer
+    or template takes) in ``value``'s strings."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ApiError(400, f"invalid request: {field}: is not valid Unicode text: lone "
+                           f"surrogate at index {exc.start}", field) from None
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_unicode(item, f"{field}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key, field)
+            _check_unicode(item, f"{field}.{key}")
+
+
 def _structured(body: CompletionRequest | ChatCompletionRequest
                 ) -> StructuredOutputsParams | None:
     """``response_format`` or vLLM's ``structured_outputs`` as the engine's constraint (its
@@ -179,6 +197,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         check_model(body.model)
         check_n(body.n)
         check_max_tokens(body.max_tokens, "max_tokens")
+        _check_unicode(body.prompt, "prompt")
         if body.echo:
             raise ApiError(400, "invalid request: echo: not supported yet", "echo")
         prompt, ids = _one_prompt(body.prompt)
@@ -200,6 +219,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         check_n(body.n)
         check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
         check_max_tokens(body.max_tokens, "max_tokens")
+        _check_unicode(body.messages, "messages")
+        _check_unicode(body.chat_template_kwargs, "chat_template_kwargs")
         top = (body.top_logprobs or 0) if body.logprobs else None
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
@@ -224,6 +245,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "invalid request: prompt: give exactly one of prompt and "
                            "messages", "prompt")
+        _check_unicode(body.prompt, "prompt")
+        _check_unicode(body.messages, "messages")
         try:
             if body.messages is not None:
                 text = tokenizer.apply_chat_template(

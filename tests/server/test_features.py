@@ -218,3 +218,17 @@ async def test_invalid_structured_outputs_are_400_naming_the_field() -> None:
         assert added(s.setup.engine) == []
     assert refused == ["structured_outputs.json", "structured_outputs", "structured_outputs",
                        "response_format.json_schema", "response_format.type"]
+
+
+async def test_a_lone_surrogate_is_400_naming_where_it_is() -> None:
+    async with served() as s, httpx.AsyncClient() as http:
+        answers = [await http.post(f"{s.base_url}{path}", content=body,
+                                   headers={"content-type": "application/json"})
+                   for path, body in [
+                       ("/v1/completions", b'{"prompt":["a\\udc00"]}'),
+                       ("/v1/chat/completions",
+                        b'{"messages":[{"role":"user","content":"\\ud800"}]}'),
+                       ("/tokenize", b'{"prompt":"\\ud800"}')]]
+    assert [r.status_code for r in answers] == [400] * 3
+    assert [r.json()["error"]["param"] for r in answers] == [
+        "prompt[0]", "messages[0].content", "prompt"]

@@ -327,8 +327,6 @@ SURROGATES = [
 ]
 
 
-@pytest.mark.xfail(reason="lone surrogates reach the tokenizer: 500 (s4-to-s2.md, bug 1)",
-                   strict=True)
 async def test_lone_surrogates_in_prompts_are_400() -> None:
     async with served() as s, httpx.AsyncClient(base_url=s.base_url, timeout=10) as http:
         answers = [(path, body, await _send(http, "POST", path, body,
