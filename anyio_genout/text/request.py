@@ -16,6 +16,7 @@ import attrs
 from ..errors import InvalidRequestError
 from ..protocol import LoRARequest, SamplingParams
 from ..protocol.sampling import token_ids
+from ..protocol.validation import check_text
 
 __all__ = ["TextRequest", "check_text_request", "text_request_id"]
 
@@ -116,9 +117,9 @@ def check_text_request(request: TextRequest) -> None:
         found = " and ".join(given) if given else "none"
         raise InvalidRequestError(field, "give exactly one of prompt, messages and "
                                   f"prompt_token_ids (got {found})")
-    if request.prompt is not None and not isinstance(request.prompt, str):
-        raise InvalidRequestError("prompt", f"must be a string, got "
-                                  f"{type(request.prompt).__name__}")
+    if request.prompt is not None:
+        # Text the tokenizer cannot take (a lone surrogate) is refused here, by its field.
+        check_text(request.prompt, "prompt")
     if request.prompt_token_ids is not None:
         # A non-sequence (an int, a string) is refused here; the ids themselves are checked
         # by the generate layer's one validation when the request is sent.
@@ -134,6 +135,7 @@ def check_text_request(request: TextRequest) -> None:
             if not isinstance(message, Mapping):
                 raise InvalidRequestError(f"messages[{i}]", "must be a mapping with 'role' "
                                           f"and 'content', got {type(message).__name__}")
+            _check_message_text(message, f"messages[{i}]")
     stop = request.stop
     if not isinstance(stop, tuple):
         raise InvalidRequestError("stop", f"must be a string or a list of strings, got "
@@ -144,6 +146,7 @@ def check_text_request(request: TextRequest) -> None:
                                       f"{type(text).__name__}")
         if not text:
             raise InvalidRequestError(f"stop[{i}]", "must not be an empty string")
+        check_text(text, f"stop[{i}]")
     for field in ("include_stop_str_in_output", "skip_special_tokens",
                   "spaces_between_special_tokens", "detokenize", "add_generation_prompt"):
         _check_bool(getattr(request, field), field)
@@ -161,3 +164,15 @@ def check_text_request(request: TextRequest) -> None:
         if reserved:
             raise InvalidRequestError("chat_template_kwargs", f"must not set "
                                       f"{', '.join(reserved)} (fields of the request)")
+
+
+def _check_message_text(message: Mapping[Any, Any], field: str) -> None:
+    """Every string of a message the template may render (its values, and the ``text`` of
+    content parts) must be valid Unicode: the tokenizer cannot take a lone surrogate."""
+    for key, value in message.items():
+        if isinstance(value, str):
+            check_text(value, f"{field}.{key}")
+        elif key == "content" and isinstance(value, Sequence):
+            for j, part in enumerate(value):
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    check_text(part["text"], f"{field}.content[{j}].text")

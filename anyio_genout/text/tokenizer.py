@@ -19,6 +19,7 @@ from typing import Any, Final, final
 import tokenizers
 
 from ..errors import ChatTemplateError, InvalidRequestError
+from ..protocol.validation import check_text
 from .chat_template import chat_messages, render_chat_template
 from .model_dir import (
     DEFAULT_TEMPLATE,
@@ -200,9 +201,13 @@ class Tokenizer:
 
         Raises:
             TypeError: ``text`` is not a str.
+            InvalidRequestError: ``text`` is not valid Unicode (a lone surrogate, as a JSON
+                ``"\\ud800"`` escape gives); field ``"text"``.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, not {type(text).__name__}")
+        if not text.isascii():
+            check_text(text, "text")  # the tokenizers library raises a bare TypeError
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:

@@ -144,6 +144,11 @@ async def test_detokenize_false_gives_tokens_without_text() -> None:
     ({"prompt": PROMPT, "sampling_params": {"max_tokens": 3}}, "sampling_params"),
     ({"prompt_token_ids": [1, 32000]}, "prompt_token_ids[1]"),
     ({"prompt_token_ids": 5}, "prompt_token_ids"),
+    ({"prompt": "a\ud800"}, "prompt"),  # a lone surrogate (JSON's "\ud800" gives one)
+    ({"messages": [{"role": "user", "content": "\udc00"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages[0].content[0].text"),
+    ({"prompt": PROMPT, "stop": ["ok", "\ud800"]}, "stop[1]"),
     ({"prompt_token_ids": "abc"}, "prompt_token_ids"),
     ({"prompt_token_ids": [1, "2"]}, "prompt_token_ids[1]"),
     ({"prompt_token_ids": []}, "prompt_token_ids"),

@@ -278,3 +278,13 @@ def test_a_malformed_file_is_named_with_what_is_wrong(tmp_path: Path, name: str,
     with pytest.raises(ModelFolderError, match=expected) as exc:
         Tokenizer.from_model_dir(folder)
     assert str(folder) in str(exc.value)
+
+
+def test_encoding_a_lone_surrogate_is_refused_naming_the_text() -> None:
+    # The tokenizers library raises a bare TypeError for text that is not valid Unicode.
+    from anyio_genout import InvalidRequestError
+    from anyio_genout.text import bundled_tokenizer
+
+    with pytest.raises(InvalidRequestError) as caught:
+        bundled_tokenizer().encode("ok \ud800")
+    assert caught.value.field == "text" and "lone surrogate" in str(caught.value)
