@@ -4,6 +4,10 @@ choices, the limits against hostile clients, structured outputs."""
 from __future__ import annotations
 
 import json
+import signal
+import socket
+import subprocess
+import time
 from typing import Any
 
 import anyio
@@ -12,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.cli.support import CLI, free_port
 from tests.server.support import MODEL, Served, served, wait_until
 from tests.text.client_support import PROMPT, added
 
@@ -232,3 +237,42 @@ async def test_a_lone_surrogate_is_400_naming_where_it_is() -> None:
     assert [r.status_code for r in answers] == [400] * 3
     assert [r.json()["error"]["param"] for r in answers] == [
         "prompt[0]", "messages[0].content", "prompt"]
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_serve_times_out_a_slow_loris_and_passes_its_limits_on(backend: str) -> None:
+    port = free_port("127.0.0.1")
+    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", backend,
+                              "--keep-alive-timeout", "0.5", "--max-n", "2",
+                              "--max-body-size", "300"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # never ends
+            conn.settimeout(5)
+            start = time.monotonic()
+            assert conn.recv(1000) == b""  # closed by the server, unanswered
+            waited = time.monotonic() - start
+        body = {"prompt": "Once upon a time", "max_tokens": 2}
+        many = httpx.post(f"{base}/v1/completions", json={**body, "n": 3})
+        big = httpx.post(f"{base}/v1/completions", json={**body, "prompt": "x" * 300})
+        ok = httpx.post(f"{base}/v1/completions", json={**body, "n": 2})
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=20)
+    assert waited < 3
+    assert many.status_code == 400 and many.json()["error"]["param"] == "n"
+    assert big.status_code == 413
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
