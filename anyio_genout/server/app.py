@@ -166,6 +166,15 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
 
     client = text_client.client
     tokenizer = text_client.tokenizer
+
+    def _decode_prompt(ids: list[int] | None) -> str:
+        assert ids is not None
+        vocab = tokenizer.vocab_size
+        for i, token in enumerate(ids):
+            if not 0 <= token < vocab:  # the check the engine client makes, named as it is
+                raise ApiError(400, f"invalid request: prompt[{i}]: {token} is not in the "
+                               f"vocabulary (0..{vocab - 1})", f"prompt[{i}]")
+        return tokenizer.decode(ids, skip_special_tokens=False)
     app = FastAPI(title="anyio-genout", docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(Limits, max_body_size=max_body_size,
@@ -198,9 +207,13 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         check_n(body.n)
         check_max_tokens(body.max_tokens, "max_tokens")
         _check_unicode(body.prompt, "prompt")
-        if body.echo:
-            raise ApiError(400, "invalid request: echo: not supported yet", "echo")
+        if body.echo and body.logprobs is not None:
+            raise ApiError(400, "invalid request: echo: not supported with logprobs yet (it "
+                           "needs the prompt's logprobs)", "echo")
         prompt, ids = _one_prompt(body.prompt)
+        echo = None
+        if body.echo:
+            echo = prompt if prompt is not None else _decode_prompt(ids)
         request_id = _request_id("cmpl", body)
         request = TextRequest(
             request_id=request_id, prompt=prompt, prompt_token_ids=ids,
@@ -210,7 +223,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
             spaces_between_special_tokens=body.spaces_between_special_tokens,
             add_special_tokens=body.add_special_tokens if prompt is not None else None)
         return TextResponse(text_client, _choices(request, body.n),
-                            CompletionFormat(request_id, model_name, body.logprobs),
+                            CompletionFormat(request_id, model_name, body.logprobs, echo),
                             stream=body.stream, include_usage=_usage(body))
 
     @api.post("/v1/chat/completions")

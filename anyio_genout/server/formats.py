@@ -66,9 +66,18 @@ class Format:
 class CompletionFormat(Format):
     object_whole = object_chunk = "text_completion"
 
-    def __init__(self, response_id: str, model: str, top: int | None) -> None:
+    def __init__(self, response_id: str, model: str, top: int | None,
+                 echo: str | None = None) -> None:
         super().__init__(response_id, model, top)
         self._offsets: dict[int, int] = {}  # by choice index
+        self._echo = echo  # the prompt text, prepended to each choice's text
+
+    def first_chunks(self, n: int) -> list[dict[str, Any]]:
+        if not self._echo:
+            return []
+        return [self.envelope(self.object_chunk, [
+            {"index": i, "text": self._echo, "logprobs": None, "finish_reason": None,
+             "stop_reason": None}]) for i in range(n)]
 
     def _logprobs(self, rows: list[list[TokenLogprob]] | None, index: int
                   ) -> dict[str, Any] | None:
@@ -100,7 +109,8 @@ class CompletionFormat(Format):
                              [self._choice(out.text, out.logprobs, out.finish_reason, index)])
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
-        choice = self._choice(out.text, out.logprobs, out.finish_reason, index)
+        choice = self._choice((self._echo or "") + out.text, out.logprobs, out.finish_reason,
+                              index)
         choice["prompt_logprobs"] = None
         return choice
 

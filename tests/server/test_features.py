@@ -276,3 +276,32 @@ def test_serve_times_out_a_slow_loris_and_passes_its_limits_on(backend: str) -> 
     assert many.status_code == 400 and many.json()["error"]["param"] == "n"
     assert big.status_code == 413
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+# ------------------------------------------------------------------------------- echo
+
+
+async def test_echo_prepends_the_prompt_to_each_choice() -> None:
+    async with served() as s, _async(s) as client:
+        plain = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+                                                temperature=0.0)
+        echoed = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4,
+                                                 temperature=0.0, echo=True, n=2)
+        ids = (await client.post("/../tokenize", cast_to=httpx.Response,
+                                 body={"prompt": PROMPT, "add_special_tokens": False})
+               ).json()["tokens"]
+        by_ids = await client.completions.create(model=MODEL, prompt=ids, max_tokens=4,
+                                                 temperature=0.0, echo=True)
+        ids_plain = await client.completions.create(model=MODEL, prompt=ids, max_tokens=4,
+                                                    temperature=0.0)
+        async with await client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0.0, echo=True,
+                stream=True) as stream:
+            streamed = "".join([c.choices[0].text async for c in stream])
+        with pytest.raises(openai.BadRequestError) as bad:
+            await client.completions.create(model=MODEL, prompt=PROMPT, echo=True, logprobs=1)
+    text = plain.choices[0].text
+    assert [c.text for c in echoed.choices] == [PROMPT + text] * 2
+    assert streamed == PROMPT + text
+    assert by_ids.choices[0].text == PROMPT + ids_plain.choices[0].text  # ids decoded
+    assert _param(bad.value) == "echo"
