@@ -53,6 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="Hypercorn's keep_alive_timeout: a connection must send a "
                              "request's headers within it (slow-loris), and an idle one is "
                              "closed after it (default: %(default)s)")
+    limits.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="a request body must arrive whole within this long of its "
+                             "request's start; else 408 (slow-loris bodies; default: "
+                             "%(default)s)")
     limits.add_argument("--read-timeout", type=int, metavar="SECONDS",
                         help="Hypercorn's read_timeout: close a connection that sends "
                              "nothing for this long, even while its response streams "
@@ -80,9 +84,10 @@ async def run(args: argparse.Namespace) -> int:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
-    if not args.keep_alive_timeout > 0:
-        raise UsageError(f"--keep-alive-timeout must be positive, got "
-                         f"{args.keep_alive_timeout}")
+    for option in ("keep_alive_timeout", "body_timeout"):
+        if not getattr(args, option) > 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be positive, got "
+                             f"{getattr(args, option)}")
     tokenizer = load_tokenizer(args, required=True)
     assert tokenizer is not None
     config = Config()
@@ -112,7 +117,8 @@ async def run(args: argparse.Namespace) -> int:
         app = create_app(text_client, model_name=served_model_name(args),
                          api_key=args.api_key, max_n=args.max_n,
                          max_body_size=args.max_body_size,
-                         max_concurrent_requests=args.max_concurrent_requests)
+                         max_concurrent_requests=args.max_concurrent_requests,
+                         body_timeout=args.body_timeout)
         async with anyio.create_task_group() as tg:
             await tg.start(on_signal)
             print(f"serving {served_model_name(args)!r} on http://{config.bind[0]}",

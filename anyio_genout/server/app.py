@@ -124,11 +124,13 @@ def _one_prompt(prompt: str | list[int] | list[str] | list[list[int]]
 #: The defaults of create_app's limits (and of ``anyio-genout serve``'s options).
 MAX_N = 16
 MAX_BODY_SIZE = 1 << 20
+BODY_TIMEOUT = 30.0
 
 
 def create_app(text_client: TextClient, *, model_name: str, api_key: str | None = None,
                max_n: int = MAX_N, max_body_size: int = MAX_BODY_SIZE,
-               max_concurrent_requests: int | None = None) -> FastAPI:
+               max_concurrent_requests: int | None = None,
+               body_timeout: float | None = BODY_TIMEOUT) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -137,7 +139,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     Limits: ``n`` at most ``max_n`` (400), a request body at most ``max_body_size`` bytes
     (413), ``max_tokens`` at most the engines' ``max_model_len`` (400), and with
     ``max_concurrent_requests`` at most that many completions and chat completions at once
-    (429 beyond). Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
+    (429 beyond), and a body must arrive whole within ``body_timeout`` seconds (408).
+    Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
     See docs/server.md.
     """
 
@@ -179,6 +182,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     install_handlers(app)
     app.add_middleware(Limits, max_body_size=max_body_size,
                        max_concurrent_requests=max_concurrent_requests,
+                       body_timeout=body_timeout,
                        limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
     api = APIRouter(dependencies=[Depends(authorized)])
 

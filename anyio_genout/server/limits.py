@@ -3,6 +3,7 @@ generations served at once (429), answering in OpenAI's error shape."""
 
 from __future__ import annotations
 
+import anyio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,13 +20,16 @@ class Limits:
     chunked body that grows beyond it fails the read with a 413 (FastAPI passes an
     ``HTTPException`` raised while reading the body on as it is). A limited request beyond
     ``max_concurrent_requests`` is answered 429 at once (vLLM's Python server has such
-    admission control); it counts until its response (a whole stream) has ended.
+    admission control); it counts until its response (a whole stream) has ended. With
+    ``body_timeout``, a body not received whole within that many seconds of the request's
+    start fails the read with a 408 (a slowly trickled body; Hypercorn bounds the head).
     """
 
     def __init__(self, app: ASGIApp, *, max_body_size: int,
                  max_concurrent_requests: int | None,
-                 limited_paths: frozenset[str]) -> None:
+                 limited_paths: frozenset[str], body_timeout: float | None = None) -> None:
         self._app = app
+        self._body_timeout = body_timeout
         self._max_body = max_body_size
         self._max_running = max_concurrent_requests
         self._paths = limited_paths
@@ -46,10 +50,24 @@ class Limits:
                     await self._too_large()(scope, receive, send)
                     return
         received = 0
+        body_done = False
+        deadline = (None if self._body_timeout is None
+                    else anyio.current_time() + self._body_timeout)
 
         async def bounded_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done or deadline is None:
+                message = await receive()
+            else:
+                got: Message | None = None
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    got = await receive()
+                if got is None:
+                    raise HTTPException(408, f"the request body did not arrive within "
+                                        f"{self._body_timeout} s")
+                message = got
+                body_done = message["type"] != "http.request" or not message.get(
+                    "more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:

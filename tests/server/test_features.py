@@ -163,6 +163,25 @@ async def test_a_body_beyond_the_limit_is_413_with_or_without_a_length() -> None
     assert ok.status_code == 200
 
 
+async def test_a_body_that_trickles_past_the_body_timeout_is_408() -> None:
+    async with served(app_options={"body_timeout": 0.3}) as s, httpx.AsyncClient() as http:
+        port = int(s.base_url.rsplit(":", 1)[1])
+        async with await anyio.connect_tcp("127.0.0.1", port) as conn:
+            await conn.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                            b"content-type: application/json\r\ncontent-length: 100\r\n"
+                            b"\r\n{\"prompt\": ")  # and nothing more
+            answer = b""
+            with anyio.fail_after(5):
+                while b"}}" not in answer:
+                    answer += await conn.receive()
+        ok = await http.post(f"{s.v1}/completions",
+                             json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408")
+    assert json.loads(body)["error"]["code"] == 408
+    assert ok.status_code == 200
+
+
 async def test_requests_beyond_max_concurrent_requests_are_429() -> None:
     async with served(step_time=0.01, app_options={"max_concurrent_requests": 1}) as s, \
             _async(s) as client:
