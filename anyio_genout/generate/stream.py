@@ -271,6 +271,7 @@ class GenerateStream:
         is neither the first output nor the terminal one, and has tokens only: no logprobs,
         prefill stats, transfer params, sampling mask or speculative-decoding metrics, and
         no stop token sequences to match. The metrics see the same as with ``__anext__``.
+        Try :meth:`receive_buffered` first: this always costs a coroutine.
 
         Raises:
             StopAsyncIteration: after the terminal output (or after an error, or close()).
@@ -284,10 +285,9 @@ class GenerateStream:
         if self._done and not raw.terminated:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
-        output = raw.receive_buffered_output()
-        if output is None:
-            output = await raw.receive_output()
-        return self._plain_or_output(raw, output)
+        # Callers try receive_buffered() first: no second try here (the checkpoint rule is
+        # the engine stream's either way).
+        return self._plain_or_output(raw, await raw.receive_output())
 
     def _plain_or_output(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
                          ) -> list[int] | GenerateOutput:

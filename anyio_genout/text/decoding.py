@@ -108,19 +108,26 @@ class TextDecoder:
         self._step = self._detok.step if self._detok is not None else _no_text
         self._stops = stops if stops.stops else None
         self._include = include_stop_str_in_output
-        self._hold = stops.hold_back
-        self._overlap = max(stops.longest - 1, 0)
-        # Where each stop string's search starts once the held text is `_hold` chars long.
-        self._starts = tuple((s, self._hold + 1 - len(s)) for s in stops.stops)
         self._min_tokens = min_tokens
         self._num_tokens = 0           # output tokens so far, counted until armed
         self._armed = min_tokens == 0  # more than min_tokens tokens: stop strings are checked
-        # A match can end only in a piece holding some stop's last char: up to two such
-        # chars are looked for with `in`, more with a character class.
-        ends = sorted({s[-1] for s in stops.stops}) or [""]
-        self._end_a, self._end_b = ends[0], ends[-1]
-        self._end_re = re.compile("[" + re.escape("".join(ends)) + "]").search \
-            if len(ends) > 2 else None
+        self._end_re = None
+        if stops.stops:
+            longest = stops.longest
+            self._hold = 0 if include_stop_str_in_output else longest - 1  # (hold_back)
+            self._overlap = longest - 1
+            # Where each stop string's search starts once the held text is `_hold` chars long.
+            self._starts = tuple((s, self._hold + 1 - len(s)) for s in stops.stops)
+            # A match can end only in a piece holding some stop's last char: up to two such
+            # chars are looked for with `in`, more with a character class.
+            ends = sorted({s[-1] for s in stops.stops})
+            self._end_a, self._end_b = (ends[0], ends[-1]) if len(ends) <= 2 else ("", "")
+            if len(ends) > 2:
+                self._end_re = re.compile("[" + re.escape("".join(ends)) + "]").search
+        else:
+            self._hold = self._overlap = 0
+            self._starts = ()
+            self._end_a = self._end_b = ""
         self._pieces: list[str] = []   # the whole text, in pieces (joined when read)
         self._append = self._pieces.append
         # Held back: the text's last `_hold` chars at most, `_unsent[_off:]` (the chars
@@ -177,26 +184,22 @@ class TextDecoder:
             step = self._update([token_id], False, False)
             return step.text if step.stop_string is None else step
         piece = self._step(token_id)
-        if not self._armed:
+        armed = self._armed
+        if not armed:
             self._num_tokens += 1
-            self._armed = self._num_tokens > self._min_tokens
+            armed = self._armed = self._num_tokens > self._min_tokens
         if not piece:
             return piece
         self._append(piece)
         buf = self._unsent + piece
         off = self._off
-        hold = self._hold
-        # A match ends in the new text: only a piece holding some stop's last char can end one.
-        if self._armed and (self._end_a in piece or self._end_b in piece if self._end_re is None
-                            else self._end_re(piece) is not None):
-            held = len(buf) - len(piece) - off
-            if held == hold:
-                for stop, start in self._starts:
-                    if buf.find(stop, off + start) >= 0:
-                        return self._matched(buf[off:], held, [0, len(piece)], 1)
-            elif self._stops.search(buf[off:], held) is not None:  # type: ignore[union-attr]
-                return self._matched(buf[off:], held, [0, len(piece)], 1)
-        cut = len(buf) - hold
+        # A match ends in the new text: only a piece holding some stop's last char can end one
+        # (with more than two such chars both are "", and a character class decides).
+        if armed and (self._end_a in piece or self._end_b in piece):
+            match = self._match_in(buf, off, piece)
+            if match is not None:
+                return match
+        cut = len(buf) - self._hold
         if cut > off:
             if cut < _TRIM:
                 self._unsent = buf
@@ -207,6 +210,20 @@ class TextDecoder:
             return buf[off:cut]
         self._unsent = buf
         return ""
+
+    def _match_in(self, buf: str, off: int, piece: str) -> TextStep | None:
+        """:meth:`push`'s check of a piece that may end a match (``buf[off:]`` is the held
+        text and then ``piece``): the step of the match, or None."""
+        if self._end_re is not None and self._end_re(piece) is None:
+            return None
+        held = len(buf) - len(piece) - off
+        if held == self._hold:
+            for stop, start in self._starts:
+                if buf.find(stop, off + start) >= 0:
+                    return self._matched(buf[off:], held, [0, len(piece)], 1)
+        elif self._stops.search(buf[off:], held) is not None:  # type: ignore[union-attr]
+            return self._matched(buf[off:], held, [0, len(piece)], 1)
+        return None
 
     def _update(self, token_ids: Sequence[int], finished: bool,
                 stop_terminated: bool) -> TextStep:

@@ -51,7 +51,7 @@ from typing import Final
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from .byte_table import byte_table
+from .byte_table import ByteTable, byte_table
 
 __all__ = ["INVALID_PREFIX", "IncrementalDetokenizer", "clean_prompt_split",
            "separator_token_id"]
@@ -110,6 +110,27 @@ def clean_prompt_split(tokenizer: Tokenizer, prompt: Sequence[int],
     return [], ids, whole
 
 
+def _ends_cleanly(table: ByteTable, prompt: Sequence[int]) -> bool:
+    """Whether the byte-level prompt's text does not end in U+FFFD, from its last 4 bytes
+    (the text's last character or replaced run starts within them, at a byte the decoding
+    of any suffix holding it also starts a unit at); False when unsure (a bad id)."""
+    raw = table.raw
+    tail = b""
+    try:
+        for token_id in reversed(prompt):
+            if token_id < 0:
+                return False
+            data = raw[token_id]
+            if data is None:
+                data = table.fill(token_id)
+            tail = data + tail
+            if len(tail) >= 4:
+                break
+    except (IndexError, TypeError):
+        return False
+    return not tail.decode("utf-8", "replace").endswith(REPLACEMENT)
+
+
 class IncrementalDetokenizer:
     """The text of one request's output tokens, one token at a time.
 
@@ -128,9 +149,14 @@ class IncrementalDetokenizer:
                  spaces_between_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        seed, tail, tail_text = clean_prompt_split(tokenizer, prompt_token_ids,
-                                                   skip_special_tokens)
         self._table = table = byte_table(tokenizer, skip_special_tokens)
+        seed: list[int]
+        tail: list[int]
+        if table is not None and _ends_cleanly(table, prompt_token_ids):
+            seed, tail, tail_text = list(prompt_token_ids), [], ""  # without a full decode
+        else:
+            seed, tail, tail_text = clean_prompt_split(tokenizer, prompt_token_ids,
+                                                       skip_special_tokens)
         # Byte-level: the table's bytes instead of a stream (``_raw`` is None otherwise);
         # ``_held`` are the bytes since the last text (the seed's text ends cleanly).
         self._raw = table.raw if table is not None else None
