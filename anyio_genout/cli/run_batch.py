@@ -23,17 +23,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 import attrs
 
 from ..errors import GenoutError, InvalidRequestError, UsageError
-from ..protocol import SamplingParams
 from ..text.client import TextClient
 from ..text.output import collect_text
 from ..text.request import TextRequest, check_text_request
 from ..text.stream import encode_prompt
 from .options import check_max_tokens
 from .run_input import BadLine
-
-#: The sampling fields passed on as they are when the body sets them (as the server does).
-_SAMPLING: Final = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                    "frequency_penalty", "repetition_penalty")
 
 if TYPE_CHECKING:
     from ..server.formats import Format
@@ -103,11 +98,11 @@ class BatchItem:
 
 def _server() -> Any:
     try:
-        from ..server import errors, formats, models
+        from ..server import errors, formats, models, requests
     except ImportError as exc:
         raise UsageError("OpenAI batch lines need the server extra (pip install "
                          f"'anyio-genout[server]'): {exc}") from None
-    return errors, formats, models
+    return errors, formats, models, requests
 
 
 class BatchParser:
@@ -119,7 +114,7 @@ class BatchParser:
     """
 
     def __init__(self, model: str) -> None:
-        self._errors, self._formats, self._models = _server()
+        self._errors, self._formats, self._models, self._requests = _server()
         self._model = model
 
     def parse(self, number: int, line: bytes) -> BatchItem:
@@ -179,65 +174,20 @@ class BatchParser:
             raise errors.ApiError(400, "invalid request: n: only n=1 is supported in batch "
                                   "files yet", "n")
         name = parsed.model or self._model
-        common: dict[str, Any] = {
-            "stop": () if parsed.stop is None else
-            (parsed.stop,) if isinstance(parsed.stop, str) else tuple(parsed.stop),
-            "include_stop_str_in_output": parsed.include_stop_str_in_output,
-            "skip_special_tokens": parsed.skip_special_tokens,
-            "spaces_between_special_tokens": parsed.spaces_between_special_tokens}
+        fmt: Format
         if url == COMPLETIONS_URL:
-            if parsed.echo:
-                raise errors.ApiError(400, "invalid request: echo: not supported yet", "echo")
-            prompt, ids = self._one_prompt(parsed.prompt)
-            request_id = parsed.request_id or f"cmpl-{os.urandom(16).hex()}"
-            request = TextRequest(
-                request_id=request_id, prompt=prompt, prompt_token_ids=ids,
-                sampling_params=self._sampling(parsed, parsed.max_tokens, parsed.logprobs),
-                add_special_tokens=parsed.add_special_tokens if prompt is not None else None,
-                **common)
-            fmt: Format = self._formats.CompletionFormat(request_id, name, parsed.logprobs)
+            request, echo = self._requests.completion_request(parsed, decode=None)
+            fmt = self._formats.CompletionFormat(request.request_id, name, parsed.logprobs,
+                                                 echo)
         else:
-            top = (parsed.top_logprobs or 0) if parsed.logprobs else None
-            if parsed.top_logprobs is not None and not parsed.logprobs:
-                raise errors.ApiError(400, "invalid request: top_logprobs: needs "
-                                      "logprobs=true", "top_logprobs")
-            request_id = parsed.request_id or f"chatcmpl-{os.urandom(16).hex()}"
-            max_tokens = parsed.max_completion_tokens or parsed.max_tokens
-            request = TextRequest(
-                request_id=request_id, messages=parsed.messages,
-                sampling_params=self._sampling(parsed, max_tokens, top),
-                add_generation_prompt=parsed.add_generation_prompt,
-                chat_template_kwargs=parsed.chat_template_kwargs, **common)
-            fmt = self._formats.ChatFormat(request_id, name, top)
+            request = self._requests.chat_request(parsed)
+            fmt = self._formats.ChatFormat(request.request_id, name,
+                                           request.sampling_params.logprobs)
         try:
             check_text_request(request)
         except InvalidRequestError as exc:
             raise errors.error_for(exc) from None
         return request, fmt
-
-    def _sampling(self, body: Any, max_tokens: int | None,
-                  logprobs: int | None) -> SamplingParams:
-        """The body's sampling parameters, as the server reads them."""
-        given = {name: getattr(body, name) for name in _SAMPLING
-                 if getattr(body, name) is not None}
-        try:
-            return SamplingParams(max_tokens=max_tokens, min_tokens=body.min_tokens,
-                                  ignore_eos=body.ignore_eos, logprobs=logprobs,
-                                  stop_token_ids=tuple(body.stop_token_ids or ()), **given)
-        except (TypeError, ValueError) as exc:
-            raise self._errors.ApiError(400, f"invalid sampling parameters: {exc}") from None
-
-    def _one_prompt(self, prompt: str | list[Any]) -> tuple[str | None, list[int] | None]:
-        """A completion's one prompt: text or token ids (as the server takes it)."""
-        if isinstance(prompt, str):
-            return prompt, None
-        if prompt and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        if len(prompt) != 1:
-            raise self._errors.ApiError(400, "invalid request: prompt: one non-empty prompt "
-                                        "per request", "prompt")
-        first = prompt[0]
-        return (first, None) if isinstance(first, str) else (None, list(first))
 
 
 class BatchRunner:

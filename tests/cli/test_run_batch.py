@@ -11,9 +11,22 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from anyio_genout.text.bundled import bundled_tokenizer
+import anyio
+import pytest
 
-from .support import CLI, COMMAND_TIMEOUT, cli, read_results, write_lines
+from anyio_genout.protocol import AddRequest
+from anyio_genout.text.bundled import bundled_model_dir, bundled_tokenizer
+
+from .support import (
+    CLI,
+    COMMAND_TIMEOUT,
+    cli,
+    cli_process,
+    engine_for,
+    free_port,
+    read_results,
+    write_lines,
+)
 from .test_text_cli import PROMPT, predicted_text
 
 ID = re.compile(r"^vllm-[0-9a-f]{16}$")
@@ -135,3 +148,48 @@ def test_batch_lines_from_stdin(tmp_path: Path) -> None:
     for line in out:
         assert_success(line, "text_completion" if line["custom_id"] == "cmpl-1"
                        else "chat.completion")
+
+
+@pytest.mark.anyio
+async def test_structured_outputs_in_batch_lines_reach_the_engine(tmp_path: Path) -> None:
+    """``response_format`` and ``structured_outputs`` mean what they mean to the server: the
+    engine gets the constraint (the mock ignores it); a bad one is that line's 400."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    lines = [
+        batch_line("json-1", "/v1/chat/completions",
+                   {"max_tokens": 3, "response_format": {"type": "json_object"},
+                    "messages": [{"role": "user", "content": "hi"}]}),
+        batch_line("schema-1", "/v1/chat/completions",
+                   {"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}],
+                    "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "a", "schema": schema}}}),
+        batch_line("regex-1", "/v1/completions",
+                   {"max_tokens": 3, "prompt": PROMPT, "structured_outputs": {"regex": "a+"}}),
+        batch_line("bad-1", "/v1/completions",
+                   {"max_tokens": 3, "prompt": PROMPT, "structured_outputs": {"bogus": 1}}),
+    ]
+    requests = write_lines(tmp_path / "batch.jsonl", lines)
+    output = tmp_path / "out.jsonl"
+    address = f"tcp://127.0.0.1:{free_port()}"
+    async with engine_for(address, vocab_size=1024) as engine:
+        async with cli_process("run", str(requests), "-o", str(output), "--no-progress",
+                               "--handshake-address", address, "--vocab-size", "1024",
+                               "--model", str(bundled_model_dir())) as (process, out):
+            with anyio.fail_after(COMMAND_TIMEOUT):
+                code = await process.wait()
+        wires = {r.request.external_req_id or r.request.request_id:
+                 r.sampling_wire.get("structured_outputs")
+                 for r in engine.received if isinstance(r, AddRequest)}
+    assert code == 1, out.err  # the bad line failed
+    found = by_custom_id(output)
+    for ok in ("json-1", "schema-1", "regex-1"):
+        assert_envelope(found[ok], 200)
+    by_kind = {next(k for k in ("json_object", "json", "regex") if wire.get(k) is not None):
+               wire for wire in wires.values() if wire is not None}
+    assert len(wires) == 3 and len(by_kind) == 3, wires
+    assert by_kind["json_object"]["json_object"] is True
+    assert by_kind["json"]["json"] == schema
+    assert by_kind["regex"]["regex"] == "a+"
+    bad = found["bad-1"]
+    assert assert_envelope(bad, 400)["body"] is None
+    assert bad["error"]["error"]["param"] == "structured_outputs"
