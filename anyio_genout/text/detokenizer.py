@@ -202,19 +202,7 @@ class IncrementalDetokenizer:
             return self._byte_step(token_id)
         if self._slow:
             return self._slow_step(token_id)
-        try:
-            text = self._stream.step(self._tokenizer, token_id)  # type: ignore[union-attr]
-        except Exception as exc:  # the library raises a plain Exception
-            return self._failed_step(token_id, exc)
-        if text is None:
-            self._pending.append(token_id)
-            return ""
-        if self._pending:
-            self._pending.append(token_id)
-            self._context, self._pending, self._last = self._pending, [], -1
-        else:
-            self._last = token_id
-        return text
+        return self._stream_step(token_id)
 
     def flush(self) -> str:
         """The text of the bytes still pending at the end (U+FFFD, as ``decode`` gives them).
@@ -283,6 +271,10 @@ class IncrementalDetokenizer:
     def _plain_step(self, token_id: int) -> str:
         if self._raw is not None:
             return self._byte_step(token_id)
+        return self._stream_step(token_id)
+
+    def _stream_step(self, token_id: int) -> str:
+        """One token through the library's ``DecodeStream`` (any decoder)."""
         try:
             text = self._stream.step(self._tokenizer, token_id)  # type: ignore[union-attr]
         except Exception as exc:  # the library raises a plain Exception
