@@ -14,16 +14,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anyio
-import httpx
 import openai
 import pytest
-from hypercorn.config import Config
 
 from anyio_genout import SamplingParams
 from anyio_genout.server import create_app
 from anyio_genout.text import CollectedTextOutput, TextRequest
-from anyio_genout.transport import free_tcp_port
-from tests.server.support import _serve
+from tests.server.support import serving
 
 from .conftest import INTEROP_TIMEOUT, unique_id
 from .test_text_real import PROMPT, Served, generate_text, pick_stop, served, text, text_model
@@ -48,29 +45,8 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 async def base_url(served: Served) -> AsyncIterator[str]:
     """The server over the module's real engine, on 127.0.0.1:<free port>, ready."""
-    app = create_app(served.text, model_name=MODEL)
-    port = free_tcp_port("127.0.0.1")
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    config.graceful_timeout = 0.5
-    shutdown = anyio.Event()
-    base = f"http://127.0.0.1:{port}"
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_serve, app, config, shutdown)
-        async with httpx.AsyncClient() as http:
-            with anyio.fail_after(10):
-                while True:
-                    try:
-                        if (await http.get(f"{base}/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await anyio.sleep(0.01)
-        try:
-            yield base
-        finally:
-            shutdown.set()
+    async with serving(create_app(served.text, model_name=MODEL)) as base:
+        yield base
 
 
 @pytest.fixture

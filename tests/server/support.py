@@ -16,7 +16,7 @@ from anyio_genout.transport import free_tcp_port
 from tests.support import wait_until
 from tests.text.client_support import TextSetup, text_client
 
-__all__ = ["MODEL", "Served", "served", "wait_until"]
+__all__ = ["MODEL", "Served", "served", "serving", "wait_until"]
 
 MODEL = "test-model"
 
@@ -46,34 +46,42 @@ async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
 
 
 @asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` served by Hypercorn on 127.0.0.1:<free port> in this event loop; yields its
+    base URL once ``/health`` answers 200, and shuts Hypercorn down on exit."""
+    port = free_tcp_port("127.0.0.1")
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.graceful_timeout = 0.5
+    shutdown = anyio.Event()
+    base = f"http://127.0.0.1:{port}"
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_serve, app, config, shutdown)
+        async with httpx.AsyncClient() as http:
+            async def ready() -> bool:
+                try:
+                    return (await http.get(f"{base}/health")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            with anyio.fail_after(10):
+                while not await ready():  # noqa: ASYNC110 - polling a server
+                    await anyio.sleep(0.01)
+        try:
+            yield base
+        finally:
+            shutdown.set()
+
+
+@asynccontextmanager
 async def served(*, api_key: str | None = None, app_options: dict[str, Any] | None = None,
                  **mock: Any) -> AsyncIterator[Served]:
     """The server on 127.0.0.1:<free port>, ready (``/health`` answered) when yielded;
     ``app_options`` go to ``create_app`` (its limits)."""
     async with text_client(**mock) as setup:
         app = create_app(setup.text, model_name=MODEL, api_key=api_key, **(app_options or {}))
-        port = free_tcp_port("127.0.0.1")
-        config = Config()
-        config.bind = [f"127.0.0.1:{port}"]
-        config.accesslog = None
-        config.graceful_timeout = 0.5
-        shutdown = anyio.Event()
-        base = f"http://127.0.0.1:{port}"
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_serve, app, config, shutdown)
-            async with httpx.AsyncClient() as http:
-                async def ready() -> bool:
-                    try:
-                        return (await http.get(f"{base}/health")).status_code == 200
-                    except httpx.TransportError:
-                        return False
-
-                with anyio.fail_after(10):
-                    while not await ready():  # noqa: ASYNC110 - polling a server
-                        await anyio.sleep(0.01)
-            try:
-                yield Served(setup, base)
-            finally:
-                shutdown.set()
+        async with serving(app) as base:
+            yield Served(setup, base)
 
 
