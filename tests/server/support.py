@@ -3,6 +3,8 @@ engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loo
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,7 +18,7 @@ from anyio_genout.transport import free_tcp_port
 from tests.support import wait_until
 from tests.text.client_support import TextSetup, text_client
 
-__all__ = ["MODEL", "Served", "served", "serving", "wait_until"]
+__all__ = ["MODEL", "Served", "served", "serving", "wait_for_health", "wait_until"]
 
 MODEL = "test-model"
 
@@ -43,6 +45,21 @@ async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
         await asyncio_serve(app, config, shutdown_trigger=shutdown.wait)
         return
     await trio_serve(app, config, shutdown_trigger=shutdown.wait)
+
+
+def wait_for_health(base: str, child: subprocess.Popen[str]) -> None:
+    """Block until the ``serve`` process ``child`` answers ``/health`` at ``base`` (20 s at
+    most); fail at once, with its output, if it exits first."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{base}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.05)
 
 
 @asynccontextmanager

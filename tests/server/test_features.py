@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.cli.support import CLI, free_port
-from tests.server.support import MODEL, Served, served, wait_until
+from tests.server.support import MODEL, Served, served, wait_for_health, wait_until
 from tests.text.client_support import PROMPT, added
 
 pytestmark = [
@@ -268,16 +268,7 @@ def test_serve_times_out_a_slow_loris_and_passes_its_limits_on(backend: str) -> 
                              stdin=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.05)
+        wait_for_health(base, child)
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # never ends
             conn.settimeout(5)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import httpx
 import pytest
 
 from tests.cli.support import CLI, free_port
+from tests.server.support import wait_for_health
 
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
@@ -21,16 +21,7 @@ def test_serve_answers_completions_and_stops_on_sigint(backend: str) -> None:
                              stdin=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.05)
+        wait_for_health(base, child)
         body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4,
                 "temperature": 0}
         ok = httpx.post(f"{base}/v1/completions", json=body,
