@@ -20,7 +20,6 @@ import asyncio
 import gc
 import importlib
 import json
-import os
 import sys
 import time
 import traceback
@@ -31,7 +30,7 @@ from typing import Any
 from .measure import EngineProcess, Meter, free_port, freeze_gc
 from .spec import Result, summarise
 from .text import TextSpec, engine_args, rotate, text_prompts
-from .vllm_ref import patch_vllm_version
+from .vllm_ref import prepare_vllm_process, run_on_loop
 
 __all__ = ["main"]
 
@@ -156,22 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = [TextSpec.from_json(item) for item in json.loads(args.specs)]
     if not specs:
         return 0
-    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                        ("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_LOOPBACK_IP", "127.0.0.1")):
-        os.environ.setdefault(name, value)
-    patch_vllm_version()
+    prepare_vllm_process()
     corpus = json.loads(Path(specs[0].corpus_file).read_text())
     address = f"tcp://127.0.0.1:{free_port()}"
     status = 0
     with EngineProcess(address, specs[0].cell("text"),
                        extra=engine_args(specs[0].corpus_file)) as engine:
         try:
-            if args.loop == "uvloop":
-                import uvloop
-
-                results = uvloop.run(_run_all(specs, corpus, engine, address))
-            else:
-                results = asyncio.run(_run_all(specs, corpus, engine, address))
+            results = run_on_loop(lambda: _run_all(specs, corpus, engine, address),
+                                  args.loop)
         except BaseException as exc:
             traceback.print_exc()
             results = [{**s.to_json(), "error": f"{type(exc).__name__}: {exc}"} for s in specs]

