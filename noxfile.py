@@ -129,6 +129,20 @@ def bench_text(session: nox.Session) -> None:
                 external=True)
 
 
+@nox.session(name="bench-server", venv_backend="none")
+def bench_server(session: nox.Session) -> None:
+    """``anyio-genout bench server`` in the interop environment: our OpenAI server, ``vllm
+    serve`` and vLLM's Rust ``vllm-rs frontend``, each before a fresh mock engine, loaded by
+    ``vllm-rs bench serve`` (the binary is extracted once from the vllm 0.33.0 wheel into the
+    cache; about 10 minutes). Writes bench-results/server.json. Arguments after ``--`` go to
+    the command (``-- --quick`` for a smoke run of about a minute).
+    """
+    python, env = _prepare_interop_env(session)
+    session.run(python, "-m", "anyio_genout.bench", "server",
+                "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
+                external=True)
+
+
 # ------------------------------------------------------------------------------------------
 # soak: tools/soak.py, a bounded soak against in-process mock engines with random faults and
 # random cancellations; fails on any leak or mismatch. See docs/reliability.md.

@@ -4,6 +4,7 @@
     anyio-genout bench vllm --model DIR [...]    # the AsyncLLM reference (interop venv)
     anyio-genout bench report [...]              # re-print a saved run (with vLLM figures)
     anyio-genout bench text [--model DIR] [...]  # the text layer's cost (and AsyncLLM's)
+    anyio-genout bench server --model DIR [...]  # the OpenAI server vs vllm serve, vllm-rs
 
 This module builds the parser (the measuring run is the command itself; ``vllm`` and
 ``report`` are its subcommands) and dispatches. The commands: :mod:`.run_cmd`,
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..cli.helpformat import HelpFormatter
-from . import report_cmd, run_cmd, text_cmd, vllm_cmd
+from . import report_cmd, run_cmd, server_bench, text_cmd, vllm_cmd
 from .run_cmd import plan
 from .vllm_cmd import plan_vllm
 
@@ -54,7 +55,8 @@ def _build(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argum
     subparsers = parser.add_subparsers(title="other commands", metavar="[COMMAND]")
     commands = {"vllm": vllm_cmd.add_parser(subparsers),
                 "report": report_cmd.add_parser(subparsers),
-                "text": text_cmd.add_parser(subparsers)}
+                "text": text_cmd.add_parser(subparsers),
+                "server": server_bench.add_parser(subparsers)}
     return parser, commands
 
 

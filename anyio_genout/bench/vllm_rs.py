@@ -27,9 +27,13 @@ _MEMBER: Final = "vllm/vllm-rs"
 
 
 def default_cache_dir() -> Path:
-    """``${XDG_CACHE_HOME:-~/.cache}/anyio-genout/vllm-<version>`` (beside the interop env)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "anyio-genout" / f"vllm-{VLLM_RS_VERSION}"
+    """``${XDG_CACHE_HOME:-~/.cache}/anyio-genout/vllm-<version>``, beside the interop env
+    (``ANYIO_GENOUT_CACHE_DIR`` replaces ``.../anyio-genout``, as for that env)."""
+    root = os.environ.get("ANYIO_GENOUT_CACHE_DIR")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(base) / "anyio-genout")
+    return Path(root) / f"vllm-{VLLM_RS_VERSION}"
 
 
 def _usable(path: Path) -> bool:
