@@ -107,6 +107,10 @@ def _num(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def format_server_table(cells: Sequence[Mapping[str, Any]], ratios: Sequence[Mapping[str, Any]],
                         targets: Sequence[Mapping[str, Any]]) -> str:
     """The figures, the ratios and the targets as plain-text tables (Markdown-friendly)."""
@@ -130,14 +134,13 @@ def format_server_table(cells: Sequence[Mapping[str, Any]], ratios: Sequence[Map
         for row in ratios:
             lines.append(
                 f"| {row['server']} | {row['concurrency']} | "
-                f"{_num(row['tokens_per_s_vs_vllm'], '.2f')}x | "
-                f"{_num(row['tokens_per_s_vs_vllm_rs'], '.2f')}x | "
-                f"{_num(row['ttft_p50_vs_vllm'], '.2f')}x | "
-                f"{_num(row['ttft_p50_vs_vllm_rs'], '.2f')}x |")
+                f"{_ratio(row['tokens_per_s_vs_vllm'])} | "
+                f"{_ratio(row['tokens_per_s_vs_vllm_rs'])} | "
+                f"{_ratio(row['ttft_p50_vs_vllm'])} | {_ratio(row['ttft_p50_vs_vllm_rs'])} |")
     if targets:
         lines += ["", "targets (issue #15, one worker, from this run):"]
         for t in targets:
             verdict = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
             lines.append(f"  {t['server']} @ {t['concurrency']}: {t['target']}: "
-                         f"{_num(t['ratio'], '.2f')}x (needs {t['needed']:.2f}x) {verdict}")
+                         f"{_ratio(t['ratio'])} (needs {t['needed']:.2f}x) {verdict}")
     return "\n".join(lines)
