@@ -162,11 +162,17 @@ class ZmqSocket:
     def closed(self) -> bool:
         return self._closed
 
-    def bind(self, address: str) -> str:
-        """Bind and return the resolved endpoint (``tcp://host:0`` gets its real port)."""
+    def bind(self, address: str, *, listener_fd: int | None = None) -> str:
+        """Bind and return the resolved endpoint (``tcp://host:0`` gets its real port).
+
+        ``listener_fd``: a listening socket already bound at ``address`` (inherited from
+        another process) that ZeroMQ adopts instead of binding a new one; it owns it then.
+        """
         try:
             if address.startswith("tcp://[") or _is_ipv6_literal(address):
                 self._sock.setsockopt(zmq.IPV6, 1)
+            if listener_fd is not None:
+                self._sock.setsockopt(zmq.USE_FD, listener_fd)
             self._sock.bind(address)
             endpoint: bytes | str = self._sock.getsockopt(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:

@@ -23,7 +23,7 @@ from ..text.tokenizer import Tokenizer
 from ..transport import free_tcp_port
 from .text_model import mock_corpus
 
-__all__ = ["ClientSession", "Interrupt", "free_tcp_port", "interruptible"]
+__all__ = ["ClientSession", "Interrupt", "WorkerSockets", "free_tcp_port", "interruptible"]
 
 #: The embedded mock engine's vocabulary size (its config's default).
 _MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default)
@@ -108,6 +108,19 @@ class interruptible:
         return False
 
 
+@attrs.frozen
+class WorkerSockets:
+    """What a front-end worker process is given by its supervisor (``serve --workers``):
+    its ``client_index`` and the input/output listening sockets bound for it (the engines
+    were told their addresses in the supervisor's handshake)."""
+
+    client_index: int
+    input_address: str
+    output_address: str
+    input_fd: int
+    output_fd: int
+
+
 class ClientSession:
     """``async with ClientSession(args) as client``: engines started or awaited, then a Client.
 
@@ -121,15 +134,25 @@ class ClientSession:
     ``--vocab-size`` says otherwise), and the embedded mock engines continue the shipped
     corpus encoded with it (corpus mode), with its EOS token, in a vocabulary of at least
     the mock's default.
+
+    Two halves, for ``serve --workers``: :meth:`start_engines` alone (the supervisor, which
+    then performs the handshake for its workers), and with ``worker`` a client that starts
+    no engine but adopts the sockets its supervisor bound and waits for the engines to
+    register there.
     """
 
     def __init__(self, args: argparse.Namespace, *, quiet: bool = False,
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None,
+                 worker: WorkerSockets | None = None) -> None:
         self._args = args
         self._quiet = quiet
         self._tokenizer = tokenizer
+        self._worker = worker
         self._stack = AsyncExitStack()
         self.mock_engines: list[MockEngine] = []
+        #: The ``--vllm-model`` child processes once started (``start_engines``).
+        self.managed_engines: Any = None
+        self._corpus: tuple[int, ...] | None = None
 
     def _say(self, text: str) -> None:
         if not self._quiet:
@@ -145,6 +168,44 @@ class ClientSession:
             raise
 
     async def _enter(self, args: argparse.Namespace) -> Client:
+        config = self._configure(args)
+        worker = self._worker
+        if worker is not None:
+            engine = attrs.evolve(
+                config.engine, bootstrapped=True, client_index=worker.client_index,
+                input_address=worker.input_address, output_address=worker.output_address,
+                input_listener_fd=worker.input_fd, output_listener_fd=worker.output_fd)
+            return await self._stack.enter_async_context(
+                Client.connect(attrs.evolve(config, engine=engine)))
+        await self._start(args, config)
+        if self.managed_engines is None:
+            client = await self._stack.enter_async_context(Client.connect(config))
+            if self.mock_engines:
+                client.engine.add_death_explainer(self._explain_mock_death)
+            return client
+        return await self._connect_managed(config, self.managed_engines)
+
+    async def start_engines(self) -> ClientConfig:
+        """Start (or announce) the engines without connecting to them: the supervisor's half.
+
+        Returns the client configuration whose handshake address the engines dial. The
+        engines run until :meth:`aclose`.
+        """
+        await self._stack.__aenter__()
+        try:
+            config = self._configure(self._args)
+            await self._start(self._args, config)
+        except BaseException as exc:
+            await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return config
+
+    async def aclose(self) -> None:
+        """Stop what :meth:`start_engines` started."""
+        await self._stack.aclose()
+
+    def _configure(self, args: argparse.Namespace) -> ClientConfig:
+        """The client's configuration, checked; computes the embedded mock's corpus."""
         handshake = args.handshake_address
         if handshake is None:
             handshake = f"tcp://{args.advertised_host}:{free_tcp_port(args.advertised_host)}"
@@ -165,16 +226,23 @@ class ClientSession:
                 eos = eos if eos is not None else tokenizer.eos_token_id
         elif tokenizer is not None:
             vocab_size = vocab_size or tokenizer.vocab_size
+        self._corpus = corpus
         # The whole configuration is checked before anything is bound, started or printed.
-        config = _client_config(args, handshake, vocab_size, eos)
-        engines: Any = None
+        return _client_config(args, handshake, vocab_size, eos)
+
+    async def _start(self, args: argparse.Namespace, config: ClientConfig) -> None:
+        """Start the embedded mock engines or the managed vLLM engines, or say how to start
+        remote ones; they dial ``config``'s handshake address."""
+        handshake = config.engine.handshake_address
+        vocab_size, eos, corpus = config.vocab_size, config.eos_token_id, self._corpus
         if args.vllm_model:
             from ..vllm import spawn_vllm_engines
 
             command = shlex.split(args.vllm_command) if args.vllm_command else None
-            engines = await self._stack.enter_async_context(spawn_vllm_engines(
-                args.vllm_model, handshake_address=handshake, engine_count=args.engine_count,
-                extra_args=args.vllm_arg, command=command))
+            engines = self.managed_engines = await self._stack.enter_async_context(
+                spawn_vllm_engines(args.vllm_model, handshake_address=handshake,
+                                   engine_count=args.engine_count, extra_args=args.vllm_arg,
+                                   command=command))
             self._say(f"started vLLM engine process(es) {engines.pids}; waiting for READY...")
         elif args.handshake_address is not None:
             host, _, port = handshake.rpartition(":")
@@ -187,7 +255,8 @@ class ClientSession:
             try:
                 mocks = [MockEngineConfig(
                     rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
-                    vocab_size=vocab_size, eos_token_id=eos, keep_history=False, linger=0.0,
+                    vocab_size=vocab_size or _MOCK_VOCAB_SIZE, eos_token_id=eos,
+                    keep_history=False, linger=0.0,
                     corpus_token_ids=corpus)
                     for rank in range(args.mock_engines)]
             except ValueError as exc:
@@ -198,12 +267,6 @@ class ClientSession:
                 engine = MockEngine(mock)
                 self.mock_engines.append(engine)
                 tg.start_soon(engine.serve)
-        if engines is None:
-            client = await self._stack.enter_async_context(Client.connect(config))
-            if self.mock_engines:
-                client.engine.add_death_explainer(self._explain_mock_death)
-            return client
-        return await self._connect_managed(config, engines)
 
     def _explain_mock_death(self) -> str | None:
         """Why embedded mock engines sent ENGINE_CORE_DEAD, for the client's error."""

@@ -94,6 +94,12 @@ class EngineCoreClientConfig:
       ``output_address``; engines ``engine_start_index .. engine_start_index+engine_count-1``
       connect there directly and register on the input socket.
 
+    ``input_listener_fd`` / ``output_listener_fd``: a listening TCP socket already bound at
+    ``input_address`` / ``output_address`` (inherited from a supervisor process, as vLLM's
+    ``--api-server-count`` supervisor hands them to its API servers); the client's ZeroMQ
+    socket adopts it (``ZMQ_USE_FD``) and owns it from then on. With several front-end
+    processes on the same engines, each has its own pair and its own ``client_index``.
+
     Addresses are ``tcp://HOST:PORT`` or ``ipc://PATH``, checked here: a malformed one
     raises :class:`ValueError` naming the field and the expected form. A port engines must
     dial (the handshake socket's; bootstrapped, the input and output sockets' too) must be
@@ -126,6 +132,10 @@ class EngineCoreClientConfig:
     input_address: str | None = attrs.field(default=None, validator=_address)
     output_address: str | None = attrs.field(default=None, validator=_address)
     bootstrapped: bool = False
+    input_listener_fd: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.ge(0)))
+    output_listener_fd: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
     client_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     ready_timeout: float = attrs.field(default=600.0, validator=_positive)
     vocab_size: int | None = None
@@ -141,6 +151,11 @@ class EngineCoreClientConfig:
     def __attrs_post_init__(self) -> None:
         if self.bootstrapped and (self.input_address is None or self.output_address is None):
             raise ValueError("bootstrapped mode needs input_address and output_address")
+        for fd, address, name in ((self.input_listener_fd, self.input_address, "input"),
+                                  (self.output_listener_fd, self.output_address, "output")):
+            if fd is not None and (address is None or not address.startswith("tcp://")):
+                raise ValueError(f"{name}_listener_fd needs the tcp:// {name}_address it "
+                                 f"is bound at")
         if self.engine_start_index + self.engine_count > 2**16:
             raise ValueError("engine ranks must fit in 2 bytes")
         if self.liveness_interval is not None and not self.liveness_interval > 0:

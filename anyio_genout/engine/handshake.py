@@ -24,7 +24,7 @@ an exception group), and one that hits a background task is unwrapped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -51,10 +51,10 @@ from ..protocol import (
     encode_init,
     engine_identity,
 )
-from ..transport import ZmqSocket, bind_address
+from ..transport import ZmqSocket, bind_address, new_context
 from .config import EngineCoreClientConfig
 
-__all__ = ["BoundSockets", "bind_sockets", "run_handshake"]
+__all__ = ["BoundSockets", "bind_sockets", "run_handshake", "serve_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
 T = TypeVar("T")
@@ -120,8 +120,10 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         sockets.insert(0, monitor)
         input_monitor = inp.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, input_monitor)
-        input_address = inp.bind(config.input_address or bind_address(config.advertised_host))
-        output_address = out.bind(config.output_address or bind_address(config.advertised_host))
+        input_address = inp.bind(config.input_address or bind_address(config.advertised_host),
+                                 listener_fd=config.input_listener_fd)
+        output_address = out.bind(config.output_address or bind_address(config.advertised_host),
+                                  listener_fd=config.output_listener_fd)
         handshake = None
         if not config.bootstrapped:
             handshake = ZmqSocket(context, zmq.ROUTER, max_message_size=1 << 20)
@@ -135,49 +137,44 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
                         input_monitor)
 
 
-async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
-                        ) -> dict[int, EngineCoreReadyResponse]:
-    """Complete the handshake with every engine; returns their ready responses by rank.
+class _Engines:
+    """The engines a start-up expects (by ZeroMQ identity) and how far each has got; reads
+    the handshake stages from them, skipping (and logging) junk from strangers."""
 
-    Raises :class:`HandshakeTimeoutError` naming the stage and the engines still missing
-    after ``config.ready_timeout`` seconds, :class:`HandshakeError` on a bad message from an
-    engine, or :class:`EngineDeadError` if an engine sends ``ENGINE_CORE_DEAD`` first.
-    """
-    expected = {engine_identity(rank): rank for rank in config.engine_ranks}
-    hello: set[int] = set()
-    ready: set[int] = set()
-    registered: dict[int, EngineCoreReadyResponse] = {}
-    init = encode_init(HandshakeAddresses([sockets.input_address], [sockets.output_address]))
+    def __init__(self, config: EngineCoreClientConfig) -> None:
+        self.config = config
+        self.expected = {engine_identity(rank): rank for rank in config.engine_ranks}
+        self.hello: set[int] = set()
+        self.ready: set[int] = set()
+        self._junk = 0
 
-    junk = 0
-
-    def ignore(identity: bytes, where: str, why: str) -> None:
-        nonlocal junk
-        junk += 1
-        if junk <= MAX_JUNK_LOGGED:
+    def ignore(self, identity: bytes, where: str, why: str) -> None:
+        self._junk += 1
+        if self._junk <= MAX_JUNK_LOGGED:
             logger.warning("ignoring a message on the %s socket from %r, which is not an "
                            "expected engine: %s", where, identity[:16], why)
-        elif junk == MAX_JUNK_LOGGED + 1:
+        elif self._junk == MAX_JUNK_LOGGED + 1:
             logger.warning("ignoring more junk on the handshake sockets without logging it")
 
-    def rank_of(identity: bytes, what: str) -> int:
-        rank = expected.get(identity)
+    def rank_of(self, identity: bytes, what: str) -> int:
+        rank = self.expected.get(identity)
         if rank is None:
             raise HandshakeError(
                 f"received {what} for unexpected engine id {identity!r} (expected ranks "
-                f"{list(config.engine_ranks)})"
+                f"{list(self.config.engine_ranks)})"
             )
         return rank
 
-    async def receive_decoded(sock: ZmqSocket, where: str, what: str,
+    async def receive_decoded(self, sock: ZmqSocket, where: str, what: str,
                               decode: Callable[[bytes], T]) -> tuple[bytes, T]:
         """The next ``[identity, message]`` that decodes; junk from strangers is skipped."""
+        expected = self.expected
         while True:
             frames = await sock.receive()
             identity = bytes(frames[0].buffer)
             if len(frames) != 2:
                 if identity not in expected:
-                    ignore(identity, where, f"{len(frames)} frames")
+                    self.ignore(identity, where, f"{len(frames)} frames")
                     continue
                 raise HandshakeError(f"{what}: expected [identity, message] from engine "
                                      f"{expected[identity]}, got {len(frames)} frames")
@@ -185,15 +182,17 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
                 return identity, decode(bytes(frames[1].buffer))
             except GenoutError as exc:
                 if identity not in expected:
-                    ignore(identity, where, str(exc))
+                    self.ignore(identity, where, str(exc))
                     continue
                 raise HandshakeError(f"engine {expected[identity]}: {exc}") from None
 
-    async def handshake_loop(sock: ZmqSocket) -> None:
-        while len(ready) < len(expected):
-            identity, message = await receive_decoded(sock, "handshake", "handshake",
-                                                      decode_status)
-            rank = rank_of(identity, message.status.value)
+    async def handshake_loop(self, sock: ZmqSocket, init: bytes) -> None:
+        """Answer each engine's HELLO with ``init``; return once every one said READY."""
+        hello, ready = self.hello, self.ready
+        while len(ready) < len(self.expected):
+            identity, message = await self.receive_decoded(sock, "handshake", "handshake",
+                                                           decode_status)
+            rank = self.rank_of(identity, message.status.value)
             if message.status is EngineStatus.HELLO:
                 if rank in hello:
                     raise HandshakeError(f"duplicate HELLO from engine {rank}")
@@ -208,6 +207,24 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
                     raise HandshakeError(f"duplicate READY from engine {rank}")
                 ready.add(rank)
                 logger.info("engine %d is READY", rank)
+
+
+async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
+                        ) -> dict[int, EngineCoreReadyResponse]:
+    """Complete the handshake with every engine; returns their ready responses by rank.
+
+    Raises :class:`HandshakeTimeoutError` naming the stage and the engines still missing
+    after ``config.ready_timeout`` seconds, :class:`HandshakeError` on a bad message from an
+    engine, or :class:`EngineDeadError` if an engine sends ``ENGINE_CORE_DEAD`` first.
+    """
+    peers = _Engines(config)
+    expected, hello, ready = peers.expected, peers.hello, peers.ready
+    registered: dict[int, EngineCoreReadyResponse] = {}
+    init = encode_init(HandshakeAddresses([sockets.input_address], [sockets.output_address]))
+    rank_of, receive_decoded = peers.rank_of, peers.receive_decoded
+
+    async def handshake_loop(sock: ZmqSocket) -> None:
+        await peers.handshake_loop(sock, init)
 
     async def registration_loop(sock: ZmqSocket) -> None:
         while len(registered) < len(expected):
@@ -320,6 +337,47 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
         stage, absent = missing()
         raise HandshakeTimeoutError(stage, absent, config.ready_timeout)
     return registered
+
+
+async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
+                          outputs: Sequence[str]) -> None:
+    """Be the handshake owner for front ends that run in other processes.
+
+    Binds ``config.handshake_address``, answers every engine's HELLO with an INIT naming
+    all of ``inputs`` and ``outputs`` (one pair per front-end process; the position is that
+    process's ``client_index``), and returns once every engine of ``config.engine_ranks``
+    said READY. Each front end meanwhile waits, bootstrapped, for the engines to register
+    on its own input socket. This is how vLLM's ``--api-server-count`` supervisor starts
+    its API servers.
+
+    Raises :class:`HandshakeTimeoutError` (the stage and the engines missing) after
+    ``config.ready_timeout`` seconds, :class:`HandshakeError` on a bad message from an
+    expected engine, and :class:`TransportError` if the address cannot be bound.
+    """
+    if not inputs or len(inputs) != len(outputs):
+        raise ValueError(f"one input and one output address per front end, got "
+                         f"{len(inputs)} and {len(outputs)}")
+    peers = _Engines(config)
+    init = encode_init(HandshakeAddresses(list(inputs), list(outputs)))
+    context = new_context()
+    sock = ZmqSocket(context, zmq.ROUTER, max_message_size=1 << 20)
+    try:
+        sock.bind(config.handshake_address)
+        logger.info("waiting for %s to say HELLO on %s, up to %g s (ready_timeout)%s",
+                    _engines(list(config.engine_ranks)), config.handshake_address,
+                    config.ready_timeout, _vllm_hint(config))
+        with anyio.move_on_after(config.ready_timeout) as scope:
+            await peers.handshake_loop(sock, init)
+        if scope.cancelled_caught:
+            ranks = list(config.engine_ranks)
+            if len(peers.hello) < len(ranks):
+                stage, absent = "HELLO", [r for r in ranks if r not in peers.hello]
+            else:
+                stage, absent = "READY", [r for r in ranks if r not in peers.ready]
+            raise HandshakeTimeoutError(stage, absent, config.ready_timeout)
+    finally:
+        sock.close(linger=1.0)  # the last INIT is long gone: READY came after it
+        context.term()
 
 
 async def _leave(tg: anyio.abc.TaskGroup) -> None:

@@ -111,7 +111,8 @@ class MockEngine:
         self._served = False
         self._context: zmq.Context[Any] | None = None
         self._handshake: ZmqSocket | None = None
-        self._input: ZmqSocket | None = None
+        #: One DEALER per front end (INIT may name several: vLLM's ``--api-server-count``).
+        self._inputs: list[ZmqSocket] = []
         self._input_monitor: ZmqSocket | None = None
 
     # ------------------------------------------------------------------ observable state
@@ -244,7 +245,7 @@ class MockEngine:
     def _close(self) -> None:
         if self._input_monitor is not None:
             self._input_monitor.close()  # before the socket it watches
-        for sock in (self._handshake, self._input):
+        for sock in (self._handshake, *self._inputs):
             if sock is not None:
                 sock.close()
         self._writer.close()
@@ -267,19 +268,24 @@ class MockEngine:
             if scope.cancelled_caught:
                 raise HandshakeTimeoutError("INIT", [cfg.rank], cfg.handshake_timeout)
             addresses = decode_init(frames[-1].bytes)
-            input_address = addresses.inputs[0]
+            input_addresses = list(addresses.inputs)
             output_addresses = list(addresses.outputs)
         else:
             assert cfg.input_address is not None
-            input_address = cfg.input_address
+            input_addresses = [cfg.input_address]
             output_addresses = list(cfg.output_addresses)
         if cfg.faults.ready_delay:
             await anyio.sleep(cfg.faults.ready_delay)  # "loading the model"
-        inp = self._input = ZmqSocket(ctx, zmq.DEALER, identity=identity)
-        if cfg.until_client_leaves:
-            self._input_monitor = inp.monitor(_CLIENT_EVENTS)
-        inp.connect(input_address)
-        await inp.send([self._ready_payload()])
+        # As vLLM's engine does: one input socket per front end, each registered with the
+        # ready response; the front end of client_index i is output_addresses[i]. With
+        # until_client_leaves, the first front end's departure ends the engine.
+        for n, address in enumerate(input_addresses):
+            inp = ZmqSocket(ctx, zmq.DEALER, identity=identity)
+            self._inputs.append(inp)
+            if cfg.until_client_leaves and n == 0:
+                self._input_monitor = inp.monitor(_CLIENT_EVENTS)
+            inp.connect(address)
+            await inp.send([self._ready_payload()])
         for address in output_addresses:
             out = ZmqSocket(ctx, zmq.PUSH)
             self._writer.add_output(out)
@@ -370,10 +376,19 @@ class MockEngine:
             await anyio.lowlevel.checkpoint()
         elif self.deaf:
             await anyio.sleep(seconds)
-        else:
-            assert self._input is not None
+        elif len(self._inputs) == 1:
             with anyio.move_on_after(seconds):
-                await self._input.wait_readable()
+                await self._inputs[0].wait_readable()
+        else:
+            with anyio.move_on_after(seconds):
+                async with anyio.create_task_group() as tg:
+                    for inp in self._inputs:
+                        tg.start_soon(self._readable_then_cancel, inp, tg.cancel_scope)
+
+    @staticmethod
+    async def _readable_then_cancel(sock: ZmqSocket, scope: anyio.CancelScope) -> None:
+        await sock.wait_readable()
+        scope.cancel()
 
     def _check_faults(self) -> bool:
         """Apply the step-count faults; True when the engine is dead and must stop."""
@@ -406,13 +421,12 @@ class MockEngine:
     # ------------------------------------------------------------------ input
 
     def _drain_input(self) -> None:
-        inp = self._input
-        assert inp is not None
         writer = self._writer
-        while not self.deaf and not writer.dead and inp.readable():
-            frames = inp.receive_nowait()
-            if frames is not None:
-                self._handle([f.bytes for f in frames])
+        for inp in self._inputs:
+            while not self.deaf and not writer.dead and inp.readable():
+                frames = inp.receive_nowait()
+                if frames is not None:
+                    self._handle([f.bytes for f in frames])
 
     def _handle(self, frames: list[bytes]) -> None:
         kind = bytes(frames[0]) if frames else b""
