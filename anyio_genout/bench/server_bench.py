@@ -202,6 +202,20 @@ def _cell(server: Any, binary: Path, model: str, concurrency: int, seconds: floa
             "server_cores": cpu / figures["duration_s"]}
 
 
+def _commit() -> str | None:
+    """The git commit of the anyio_genout measured (``+dirty`` with local changes)."""
+    where = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain",
+                                "--untracked-files=no", "--", "anyio_genout"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return f"{head}+dirty" if head and dirty else head or None
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every `finally` below
 
@@ -251,7 +265,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     info: Result = {
         "mode": "quick" if args.quick else "full", "argv": list(argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": environment(),
-        "model": model, "vllm_rs": str(binary), "vllm_command": vllm_command,
+        "commit": _commit(), "model": model, "vllm_rs": str(binary),
+        "vllm_command": vllm_command,
         "load": f"vllm-rs bench serve --backend openai --endpoint /v1/completions "
                 f"--dataset-name random --random-input-len {INPUT_LEN} --random-output-len "
                 f"{OUTPUT_LEN} --ignore-eos --no-steady-state (streaming)",
