@@ -97,6 +97,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                              f"quick: {QUICK_CELL_SECONDS:g})")
     parser.add_argument("--output", default=None, metavar="PATH",
                         help=f"JSON results path (default: {DEFAULT_DIR}/server.json)")
+    parser.add_argument("--profile-dir", default=None, metavar="DIR",
+                        help="after each measured cell of ours at 64 streams or more, one "
+                             "more load run with py-spy sampling the server process (and "
+                             "its workers): collapsed stacks and a summary in DIR; the "
+                             "profiled run counts for no figure")
+    parser.add_argument("--py-spy", default="py-spy", metavar="PATH",
+                        help="the py-spy binary for --profile-dir (default: py-spy)")
     parser.add_argument("--timeout", type=float, default=240.0, metavar="SECONDS",
                         help="seconds a server may take to become healthy, and a floor for "
                              "each load run's limit")
@@ -216,6 +223,44 @@ def _commit() -> str | None:
     return f"{head}+dirty" if head and dirty else head or None
 
 
+def _profile(server: Any, binary: Path, model: str, concurrency: int, seconds: float,
+             folder: Path, py_spy: str, profile_dir: Path, tokens_per_s: float) -> Result:
+    """Sample the server with py-spy (``--nonblocking``, every process of its tree) during
+    one more load run of about ``seconds``; the stacks and their summary go to
+    ``profile_dir``. Returns the summary (:func:`.server_report.summarise_server_stacks`)."""
+    from .server_report import summarise_server_stacks
+
+    stem = f"{server.spec.label.replace(' ', '-')}-c{concurrency}"
+    stacks = profile_dir / f"{stem}.stacks.txt"
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    spy = subprocess.Popen(
+        [py_spy, "record", "--pid", str(server.server.pid), "--subprocesses", "--nonblocking",
+         "--rate", "200", "--duration", str(max(1, int(seconds))), "--format", "raw",
+         "--output", str(stacks)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)  # py-spy attaches
+        prompts = size_cell(tokens_per_s, concurrency, seconds + 2)
+        _load(binary, server.base_url, model, concurrency, prompts, folder, f"{stem}-profiled",
+              10 * seconds + 60)
+        _, err = spy.communicate(timeout=seconds + 30)
+    finally:
+        if spy.poll() is None:
+            spy.kill()
+            spy.wait(10)
+    if not stacks.exists():
+        raise RuntimeError(f"py-spy wrote no stacks: {err.decode(errors='replace')[-1000:]}")
+    summary = summarise_server_stacks(stacks.read_text().splitlines())
+    lines = [f"{summary['samples']} samples of {server.spec.label} at {concurrency} streams"]
+    for title, key in (("self time by area", "by_area"),
+                       ("top functions by self time", "top_self"),
+                       ("top functions by total time", "top_total")):
+        lines += ["", f"{title}:"] + [f"  {pct:5.1f}%  {name}" for name, _n, pct in summary[key]]
+    (profile_dir / f"{stem}.summary.txt").write_text("\n".join(lines) + "\n")
+    summary["stacks"] = str(stacks)
+    return summary
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")  # unwinds through every `finally` below
 
@@ -297,6 +342,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                 cell = {**base, "concurrency": c,
                                         **_cell(server, binary, model, c, seconds, logs,
                                                 args.timeout)}
+                                if args.profile_dir and spec.kind == "ours" and c >= 64:
+                                    cell["profile"] = _profile(
+                                        server, binary, model, c, seconds, logs, args.py_spy,
+                                        Path(args.profile_dir), cell["tokens_per_s"])
                                 print(f"  C={c}: {cell['tokens_per_s']:,.0f} tok/s, TTFT p50 "
                                       f"{cell['ttft_p50_ms']:.1f} ms, server "
                                       f"{cell['server_cpu_s_per_1k']:.3f} CPU s/1k tok "

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-__all__ = ["TARGET_LEVELS", "build_server_report", "format_server_table", "parse_bench_result"]
+__all__ = ["TARGET_LEVELS", "build_server_report", "format_server_table", "parse_bench_result",
+           "server_area", "summarise_server_stacks"]
 
 Result = dict[str, Any]
 
@@ -144,3 +145,86 @@ def format_server_table(cells: Sequence[Mapping[str, Any]], ratios: Sequence[Map
             lines.append(f"  {t['server']} @ {t['concurrency']}: {t['target']}: "
                          f"{_ratio(t['ratio'])} (needs {t['needed']:.2f}x) {verdict}")
     return "\n".join(lines)
+
+
+#: Path fragments naming an area of the server's code, checked in order.
+_SERVER_AREAS: Final = (
+    ("anyio_genout/server", "anyio_genout.server (routes, SSE chunks)"),
+    ("anyio_genout/text", "anyio_genout.text (tokenize, detokenize, stop strings)"),
+    ("anyio_genout/protocol", "anyio_genout.protocol (decode)"),
+    ("anyio_genout/engine", "anyio_genout.engine (reader, registry)"),
+    ("anyio_genout/generate", "anyio_genout.generate (streams)"),
+    ("anyio_genout/metrics", "anyio_genout.metrics"),
+    ("anyio_genout/transport", "anyio_genout.transport (zmq)"),
+    ("anyio_genout", "anyio_genout (other)"),
+    ("hypercorn/", "hypercorn (HTTP/1.1, ASGI server)"),
+    ("h11/", "h11 (HTTP parsing)"),
+    ("fastapi/", "fastapi"),
+    ("starlette/", "starlette"),
+    ("pydantic", "pydantic (request validation)"),
+    ("tokenizers", "tokenizers"),
+    ("anyio/", "anyio"),
+    ("trio/", "trio"),
+    ("uvloop", "uvloop"),
+    ("asyncio/", "asyncio"),
+    ("zmq/", "pyzmq"),
+    ("msgpack", "msgpack"),
+    ("prometheus_client", "prometheus_client"),
+    ("json/", "json"),
+)
+
+
+def server_area(path: str | None) -> str:
+    """The area of the server's code a source file belongs to."""
+    if not path or path.startswith("<"):
+        return "builtins and generated code"
+    path = path.replace("\\", "/")
+    for fragment, name in _SERVER_AREAS:
+        if fragment in path:
+            return name
+    return "other"
+
+
+def _frame(text: str) -> tuple[str, str]:
+    """(``function (file)``, file) of one py-spy frame ``function (file:line)``."""
+    text = text.strip()
+    head, sep, tail = text.rpartition(" (")
+    if not sep or not tail.endswith(")"):
+        return text, ""
+    path = tail[:-1].rsplit(":", 1)[0] if ":" in tail else tail[:-1]
+    return f"{head} ({path})", path
+
+
+def summarise_server_stacks(lines: Sequence[str], top: int = 20) -> Result:
+    """py-spy ``raw`` stacks (``frame;frame;... count``, frames ``function (file:line)``,
+    a ``process ...`` root frame with ``--subprocesses``) summarised: samples, the top
+    functions by self and by total samples, self samples by area; percents of all samples.
+    Idle samples are in (``--nonblocking`` samples every thread whether it runs or not).
+    """
+    total = 0
+    self_n: dict[str, int] = {}
+    total_n: dict[str, int] = {}
+    areas: dict[str, int] = {}
+    for line in lines:
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [_frame(f) for f in stack.split(";") if not f.startswith(("process ",
+                                                                             "thread "))]
+        if not frames:
+            continue
+        name, path = frames[-1]
+        self_n[name] = self_n.get(name, 0) + count
+        area = server_area(path)
+        areas[area] = areas.get(area, 0) + count
+        for seen in {n for n, _p in frames}:
+            total_n[seen] = total_n.get(seen, 0) + count
+
+    def ranked(table: dict[str, int]) -> list[list[Any]]:
+        rows = sorted(table.items(), key=lambda item: item[1], reverse=True)[:top]
+        return [[name, n, round(100.0 * n / (total or 1), 1)] for name, n in rows]
+
+    return {"samples": total, "by_area": ranked(areas), "top_self": ranked(self_n),
+            "top_total": ranked(total_n)}

@@ -180,3 +180,29 @@ def test_stopping_a_child_ends_its_whole_process_group(tmp_path: Path) -> None:
     gone = not psutil.pid_exists(grandchild) or \
         psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
     assert gone
+
+
+def test_py_spy_stacks_are_summarised_by_server_area() -> None:
+    from anyio_genout.bench.server_report import summarise_server_stacks
+
+    lines = [
+        "process 12 (python -m anyio_genout serve);run (asyncio/runners.py:118);"
+        "send (hypercorn/protocol/http_stream.py:160);"
+        "dumps (json/__init__.py:231) 30",
+        "process 12 (python -m anyio_genout serve);run (asyncio/runners.py:118);"
+        "chunk (/x/anyio_genout/server/formats.py:88) 50",
+        "process 12 (python -m anyio_genout serve);run (asyncio/runners.py:118);"
+        "chunk (/x/anyio_genout/server/formats.py:90);"
+        "step (/x/anyio_genout/text/stream.py:40) 20",
+        "not a stack line",
+    ]
+    summary = summarise_server_stacks(lines)
+    assert summary["samples"] == 100
+    areas = {name: pct for name, _n, pct in summary["by_area"]}
+    assert areas == {"anyio_genout.server (routes, SSE chunks)": 50.0, "json": 30.0,
+                     "anyio_genout.text (tokenize, detokenize, stop strings)": 20.0}
+    self_top = {name: n for name, n, _pct in summary["top_self"]}
+    assert self_top["chunk (/x/anyio_genout/server/formats.py)"] == 50  # lines merged
+    total = {name: n for name, n, _pct in summary["top_total"]}
+    assert total["chunk (/x/anyio_genout/server/formats.py)"] == 70
+    assert total["run (asyncio/runners.py)"] == 100
