@@ -17,21 +17,16 @@ import json
 import os
 import re
 import threading
-import time
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from collections.abc import Sequence
+from typing import Any, BinaryIO, Final
 
+import anyio
 import attrs
 
-from ..errors import GenoutError, InvalidRequestError, UsageError
+from ..errors import InvalidRequestError, UsageError
 from ..text.client import TextClient
-from ..text.output import collect_text
-from ..text.request import TextRequest, check_text_request
-from ..text.stream import encode_prompt
-from .options import check_max_tokens
+from ..text.request import check_text_request
 from .run_input import BadLine
-
-if TYPE_CHECKING:
-    from ..server.formats import Format
 
 __all__ = ["BATCH_KEYS", "CHAT_URL", "COMPLETIONS_URL", "BatchItem", "BatchParser",
            "BatchRunner", "batch_line_id", "first_line", "is_batch_line", "output_line"]
@@ -84,11 +79,12 @@ def output_line(custom_id: str, status: int, body: dict[str, Any] | None,
 
 @attrs.frozen
 class BatchItem:
-    """One parsed batch line: a request to run with its response format, or its error line."""
+    """One parsed batch line: a body to run (its ``url`` and validated ``body``), or its
+    error line."""
 
     custom_id: str
-    request: TextRequest | None = None
-    fmt: Format | None = None
+    url: str = COMPLETIONS_URL
+    body: Any = None
     error_line: dict[str, Any] | None = None
 
     @property
@@ -98,11 +94,22 @@ class BatchItem:
 
 def _server() -> Any:
     try:
-        from ..server import errors, formats, models, requests
+        from ..server import app, errors, requests, response
     except ImportError as exc:
         raise UsageError("OpenAI batch lines need the server extra (pip install "
                          f"'anyio-genout[server]'): {exc}") from None
-    return errors, formats, models, requests
+    return app, errors, requests, response
+
+
+def _choices(requests: Any, max_n: int, url: str, body: Any, max_model_len: int | None,
+             vocab_size: int | None) -> Any:
+    """The server's choices of ``body`` (its ``requests.Choices``), as the server makes
+    them with its default ``max_n``. Raises the server's ``ApiError`` (400 naming the
+    field)."""
+    if url == COMPLETIONS_URL:
+        return requests.completion_choices(body, max_n=max_n, max_model_len=max_model_len,
+                                           vocab_size=vocab_size)
+    return requests.chat_choices(body, max_n=max_n, max_model_len=max_model_len)
 
 
 class BatchParser:
@@ -114,7 +121,8 @@ class BatchParser:
     """
 
     def __init__(self, model: str) -> None:
-        self._errors, self._formats, self._models, self._requests = _server()
+        app, self._errors, self._requests, _ = _server()
+        self._max_n: int = app.MAX_N
         self._model = model
 
     def parse(self, number: int, line: bytes) -> BatchItem:
@@ -143,23 +151,26 @@ class BatchParser:
             return BatchItem(custom_id, error_line=output_line(
                 custom_id, 400, None, f"Method {method} was used. Only POST is supported."))
         try:
-            request, fmt = self._request(url, value["body"])
+            body = self._body(url, value["body"])
         except self._errors.ApiError as exc:
             return BatchItem(custom_id, error_line=output_line(
                 custom_id, exc.status, None,
                 self._errors.error_body(exc.status, exc.message, exc.param)))
-        return BatchItem(custom_id, request=request, fmt=fmt)
+        return BatchItem(custom_id, url, body)
 
-    def _request(self, url: str, body: Any) -> tuple[TextRequest, Format]:
-        """The request and response format of ``body``, as the server makes them.
+    def _body(self, url: str, body: Any) -> Any:
+        """``body`` validated with the server's request model, its requests made and checked
+        as the server makes them (what needs the engines, the vocabulary and
+        ``max_model_len``, is checked again when it runs).
 
         Raises the server's ``ApiError`` (400 naming the field) for an invalid body.
         """
         import pydantic
 
         errors = self._errors
-        model = (self._models.CompletionRequest if url == COMPLETIONS_URL
-                 else self._models.ChatCompletionRequest)
+        from ..server import models
+
+        model = models.CompletionRequest if url == COMPLETIONS_URL else models.ChatCompletionRequest
         try:
             parsed = model.model_validate(body)
         except pydantic.ValidationError as exc:
@@ -170,57 +181,69 @@ class BatchParser:
         if parsed.stream:
             raise errors.ApiError(400, "invalid request: stream: Request must not be sent "
                                   "in stream mode", "stream")
-        if parsed.n != 1:
-            raise errors.ApiError(400, "invalid request: n: only n=1 is supported in batch "
-                                  "files yet", "n")
-        name = parsed.model or self._model
-        fmt: Format
-        if url == COMPLETIONS_URL:
-            request, echo = self._requests.completion_request(parsed, decode=None)
-            fmt = self._formats.CompletionFormat(request.request_id, name, parsed.logprobs,
-                                                 echo)
-        else:
-            request = self._requests.chat_request(parsed)
-            fmt = self._formats.ChatFormat(request.request_id, name,
-                                           request.sampling_params.logprobs)
-        try:
-            check_text_request(request)
-        except InvalidRequestError as exc:
-            raise errors.error_for(exc) from None
-        return request, fmt
+        if parsed.model is None:
+            parsed = parsed.model_copy(update={"model": self._model})
+        for request in _choices(self._requests, self._max_n, url, parsed, None,
+                                None).requests:
+            try:
+                check_text_request(request)
+            except InvalidRequestError as exc:
+                raise errors.error_for(exc) from None
+        return parsed
 
 
 class BatchRunner:
-    """Runs :class:`BatchItem` on ``text_client`` and makes their output lines."""
+    """Runs :class:`BatchItem` on ``text_client`` and makes their output lines: each body
+    runs as the server runs it (its choices, its ``TextResponse``), so the response bodies
+    are the server's."""
 
     def __init__(self, text_client: TextClient) -> None:
         self._text = text_client
-        self._errors = _server()[0]
+        _, self._errors, self._requests, self._response = _server()
+        self._max_n: int = _server()[0].MAX_N
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""
         if item.error_line is not None:
             return item.error_line, _failure(item.error_line), 0
-        request, fmt = item.request, item.fmt
-        assert request is not None and fmt is not None
-        client = self._text.client
+        tokenizer = self._text.tokenizer
         try:
-            _, ids = encode_prompt(self._text.tokenizer, request)
-            check_max_tokens(len(ids), request.sampling_params.max_tokens,
-                             client.engine.max_model_len)
-            async with self._text.generate(request) as stream:
-                whole = await collect_text(stream)
-        except GenoutError as exc:
-            error = self._errors.error_for(exc)
-            line = output_line(item.custom_id, error.status, None,
-                               self._errors.error_body(error.status, error.message,
-                                                       error.param))
+            plan = _choices(self._requests, self._max_n, item.url, item.body,
+                            self._text.client.engine.max_model_len, tokenizer.vocab_size)
+        except self._errors.ApiError as exc:
+            line = output_line(item.custom_id, exc.status, None,
+                               self._errors.error_body(exc.status, exc.message, exc.param))
             return line, _failure(line), 0
-        # One choice (n=1); whole() takes a list of them once the server does n > 1.
-        whole_of: Any = fmt.whole
-        body = whole_of([whole] if hasattr(fmt, "whole_choice") else whole)
-        body["created"] = int(time.time())
-        return output_line(item.custom_id, 200, body, None), None, len(whole.token_ids)
+
+        def decode(ids: Sequence[int]) -> str:
+            return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+        status, body = await _respond(self._response.TextResponse(
+            self._text, plan.requests, plan.format(item.body.model, decode), stream=False,
+            include_usage=False))
+        if status != 200:
+            line = output_line(item.custom_id, status, None, body)
+            return line, _failure(line), 0
+        return (output_line(item.custom_id, 200, body, None), None,
+                int(body["usage"]["completion_tokens"]))
+
+
+async def _respond(response: Any) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the server's whole (not streamed) ``response``, run as
+    the ASGI server would run it, with a client that never leaves."""
+    messages: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+
+    await response({"type": "http"}, receive, send)
+    status = int(messages[0]["status"])
+    body = json.loads(b"".join(m.get("body", b"") for m in messages[1:]))
+    return status, body
 
 
 def _failure(line: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -13,11 +14,11 @@ from starlette.responses import Response
 
 from ..errors import GenoutError
 from ..text.client import TextClient
+from . import requests
 from .errors import ApiError, error_for, install_handlers
-from .formats import ChatFormat, CompletionFormat
 from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .requests import chat_request, check_unicode, choices, completion_request
+from .requests import check_unicode
 from .response import TextResponse
 
 __all__ = ["create_app"]
@@ -45,16 +46,6 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     See docs/server.md.
     """
 
-    def check_n(n: int) -> None:
-        if n > max_n:
-            raise ApiError(400, f"invalid request: n: must be at most {max_n}, got {n}", "n")
-
-    def check_max_tokens(max_tokens: int | None, field: str) -> None:
-        limit = client.engine.max_model_len
-        if max_tokens is not None and max_tokens > limit:
-            raise ApiError(400, f"{field}={max_tokens} cannot be greater than "
-                           f"max_model_len={limit}. Please request fewer output tokens.", field)
-
     expected = f"Bearer {api_key}".encode() if api_key is not None else None
 
     async def authorized(request: Request) -> None:
@@ -71,14 +62,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     client = text_client.client
     tokenizer = text_client.tokenizer
 
-    def _decode_prompt(ids: list[int] | None) -> str:
-        assert ids is not None
-        vocab = tokenizer.vocab_size
-        for i, token in enumerate(ids):
-            if not 0 <= token < vocab:  # the check the engine client makes, named as it is
-                raise ApiError(400, f"invalid request: prompt[{i}]: {token} is not in the "
-                               f"vocabulary (0..{vocab - 1})", f"prompt[{i}]")
-        return tokenizer.decode(ids, skip_special_tokens=False)
+    def _decode_prompt(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)
     app = FastAPI(title="anyio-genout", docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(Limits, max_body_size=max_body_size,
@@ -109,25 +94,19 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Response:
         check_model(body.model)
-        check_n(body.n)
-        check_max_tokens(body.max_tokens, "max_tokens")
-        request, echo = completion_request(body, decode=_decode_prompt)
-        return TextResponse(text_client, choices(request, body.n),
-                            CompletionFormat(request.request_id, model_name, body.logprobs,
-                                             echo),
+        plan = requests.completion_choices(body, max_n=max_n,
+                                           max_model_len=client.engine.max_model_len,
+                                           vocab_size=tokenizer.vocab_size)
+        return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
                             stream=body.stream, include_usage=_usage(body))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
-        check_n(body.n)
-        check_max_tokens(body.max_completion_tokens, "max_completion_tokens")
-        check_max_tokens(body.max_tokens, "max_tokens")
-        request = chat_request(body)
-        return TextResponse(text_client, choices(request, body.n),
-                            ChatFormat(request.request_id, model_name,
-                                       request.sampling_params.logprobs), stream=body.stream,
-                            include_usage=_usage(body))
+        plan = requests.chat_choices(body, max_n=max_n,
+                                     max_model_len=client.engine.max_model_len)
+        return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
+                            stream=body.stream, include_usage=_usage(body))
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:

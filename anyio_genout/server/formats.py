@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import RequestFailedError
 from ..generate import FinishReason
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 
@@ -24,15 +26,21 @@ def _finish(reason: FinishReason | None) -> tuple[str | None, int | str | None]:
 
 
 class Format:
-    """What one route's responses look like; ``top`` is how many alternatives to show."""
+    """What one route's responses look like; ``top`` is how many alternatives to show.
+
+    ``n`` is the number of choices per prompt when a request has several prompts (choice
+    ``index`` = prompt index * n + i); None: every choice has the one prompt.
+    """
 
     object_whole = ""
     object_chunk = ""
 
-    def __init__(self, response_id: str, model: str, top: int | None) -> None:
+    def __init__(self, response_id: str, model: str, top: int | None, *,
+                 n: int | None = None) -> None:
         self.id = response_id
         self.model = model
         self.top = top
+        self.n = n
         self.created = int(time.time())
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -45,12 +53,23 @@ class Format:
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    def prompt_tokens(self, counts: Sequence[int]) -> int:
+        """The usage's prompt tokens, given each choice's prompt length (by index): each
+        prompt counts once, however many choices it has."""
+        if not counts:
+            return 0
+        return counts[0] if self.n is None else sum(counts[::self.n])
+
     def whole(self, outs: list[CollectedTextOutput]) -> dict[str, Any]:
-        """The whole response of ``outs``, one choice each (by index); the usage counts the
-        prompt once and the completions of all."""
+        """The whole response of ``outs``, one choice each (by index); the usage counts each
+        prompt once and the completions of all.
+
+        Raises RequestFailedError if the engine's output cannot be shown (see the route's
+        format)."""
         body = self.envelope(self.object_whole, [self.whole_choice(out, i)
                                                  for i, out in enumerate(outs)])
-        body["usage"] = usage(outs[0].usage.prompt_token_count,
+        body["usage"] = usage(self.prompt_tokens([out.usage.prompt_token_count
+                                                  for out in outs]),
                               sum(out.usage.output_token_count for out in outs))
         return body
 
@@ -63,56 +82,125 @@ class Format:
         return body
 
 
+#: A logprob row of a completion; a string for the prompt's first token (echo with
+#: logprobs): its text, which has no logprob.
+_Row = list[TokenLogprob] | str
+
+
 class CompletionFormat(Format):
+    """``/v1/completions`` responses. With ``echo`` each choice's text (its first chunk when
+    streamed, as vLLM sends it) begins with its prompt (``decode`` gives the text of a
+    token-id prompt); with ``echo`` and ``top`` its logprobs begin with the prompt's (the
+    first prompt token has none), which the requests must have asked the engine for
+    (``prompt_logprobs``)."""
+
     object_whole = object_chunk = "text_completion"
 
-    def __init__(self, response_id: str, model: str, top: int | None,
-                 echo: str | None = None) -> None:
-        super().__init__(response_id, model, top)
+    def __init__(self, response_id: str, model: str, top: int | None, *, echo: bool = False,
+                 n: int = 1, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+        super().__init__(response_id, model, top, n=n)
         self._offsets: dict[int, int] = {}  # by choice index
-        self._echo = echo  # the prompt text, prepended to each choice's text
+        self._echo = echo
+        self._echoed: set[int] = set()  # the streamed choices whose prompt was sent
+        self._decode = decode
 
-    def first_chunks(self, n: int) -> list[dict[str, Any]]:
-        if not self._echo:
-            return []
-        return [self.envelope(self.object_chunk, [
-            {"index": i, "text": self._echo, "logprobs": None, "finish_reason": None,
-             "stop_reason": None}]) for i in range(n)]
-
-    def _logprobs(self, rows: list[list[TokenLogprob]] | None, index: int
-                  ) -> dict[str, Any] | None:
+    def _logprobs(self, rows: Sequence[_Row] | None, index: int) -> dict[str, Any] | None:
         if self.top is None or rows is None:
             return None
-        offsets, tokens, values, tops = [], [], [], []
+        offsets: list[int] = []
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         offset = self._offsets.get(index, 0)
         for row in rows:
+            if isinstance(row, str):  # the prompt's first token (see _echo_rows)
+                offsets.append(offset)
+                offset += len(row)
+                tokens.append(row)
+                values.append(None)
+                tops.append(None)
+                continue
             sampled = row[0]
             offsets.append(offset)
             offset += len(sampled.token)
             tokens.append(sampled.token)
-            values.append(sampled.logprob)
-            tops.append({e.token: e.logprob for e in row[: self.top + 1]} if self.top else None)
+            values.append(max(sampled.logprob, -9999.0))  # -inf as vLLM shows it
+            tops.append({e.token: max(e.logprob, -9999.0) for e in row[: self.top + 1]}
+                        if self.top else None)
         self._offsets[index] = offset
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
                 "top_logprobs": tops}
 
-    def _choice(self, text: str, rows: list[list[TokenLogprob]] | None,
+    def _echo_rows(self, prompt_ids: Sequence[int] | None,
+                   rows: list[list[TokenLogprob]] | None) -> list[_Row]:
+        """The prompt's logprob rows, its first token's text first."""
+        ids = prompt_ids or ()
+        found = len(rows or ())
+        if found != max(len(ids) - 1, 0):
+            raise RequestFailedError(
+                f"the engine sent prompt logprobs for {found} of the prompt's {len(ids)} "
+                "tokens (echo with logprobs needs all but the first)")
+        if not ids:
+            return []
+        return [self._text_of(ids[:1]), *(rows or ())]
+
+    def _text_of(self, ids: Sequence[int]) -> str:
+        if self._decode is None:
+            raise RequestFailedError("echo of a token-id prompt needs a tokenizer")
+        return self._decode(ids)
+
+    def _prompt_text(self, prompt: str | None, ids: Sequence[int] | None) -> str:
+        return prompt if prompt is not None else self._text_of(ids or ())
+
+    def _choice(self, text: str, rows: Sequence[_Row] | None,
                 reason: FinishReason | None, index: int) -> dict[str, Any]:
         finish, stop = _finish(reason)
         return {"index": index, "text": text, "logprobs": self._logprobs(rows, index),
                 "finish_reason": finish, "stop_reason": stop}
 
+    def _with_prompt(self, text: str, rows: list[list[TokenLogprob]] | None,
+                     prompt: str | None, prompt_ids: Sequence[int] | None,
+                     prompt_rows: list[list[TokenLogprob]] | None) -> tuple[str, list[_Row] | None]:
+        """A choice's text and logprob rows with its prompt in front (echo)."""
+        text = self._prompt_text(prompt, prompt_ids) + text
+        if self.top is None:
+            return text, None
+        return text, [*self._echo_rows(prompt_ids, prompt_rows), *(rows or ())]
+
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
+        """Raises RequestFailedError (echo with logprobs) if the engine's prompt logprobs
+        do not cover the prompt."""
+        if self._echo and index not in self._echoed:
+            self._echoed.add(index)
+            text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
+                                           out.prompt_token_ids, out.prompt_logprobs)
+            return self.envelope(self.object_chunk,
+                                 [self._choice(text, rows, out.finish_reason, index)])
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         return self.envelope(self.object_chunk,
                              [self._choice(out.text, out.logprobs, out.finish_reason, index)])
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
-        choice = self._choice((self._echo or "") + out.text, out.logprobs, out.finish_reason,
-                              index)
-        choice["prompt_logprobs"] = None
+        text: str = out.text
+        rows: Sequence[_Row] | None = out.logprobs
+        prompt_logprobs = None
+        if self._echo:
+            text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
+                                           out.prompt_token_ids, out.prompt_logprobs)
+            if self.top is not None:
+                prompt_logprobs = _prompt_logprobs(out.prompt_logprobs)
+        choice = self._choice(text, rows, out.finish_reason, index)
+        choice["prompt_logprobs"] = prompt_logprobs
         return choice
+
+
+def _prompt_logprobs(rows: list[list[TokenLogprob]] | None) -> list[Any]:
+    """vLLM's ``prompt_logprobs`` of a choice: None for the first prompt token, then per
+    token id its logprob, rank and text."""
+    return [None, *({str(e.token_id): {"logprob": max(e.logprob, -9999.0), "rank": e.rank,
+                                       "decoded_token": e.token} for e in row}
+                    for row in rows or ())]
 
 
 def _entry(entry: TokenLogprob) -> dict[str, Any]:

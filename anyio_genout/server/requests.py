@@ -8,7 +8,7 @@ to both. Every error is an :class:`ApiError` (400) naming the field.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -16,9 +16,11 @@ from ..errors import GenoutError
 from ..protocol import SamplingParams, StructuredOutputsParams
 from ..text.request import TextRequest
 from .errors import ApiError, error_for
+from .formats import ChatFormat, CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["chat_request", "check_unicode", "choices", "completion_request"]
+__all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
+           "check_unicode", "choices", "completion_choices"]
 
 #: The sampling fields passed on as they are when the request sets them.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -101,52 +103,130 @@ def _stop(body: CompletionRequest | ChatCompletionRequest) -> tuple[str, ...]:
     return () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _one_prompt(prompt: str | list[int] | list[str] | list[list[int]]
-                ) -> tuple[str | None, list[int] | None]:
+#: One prompt of a completions body: its text, or its token ids.
+Prompt = tuple[str | None, list[int] | None]
+
+
+def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[Prompt]:
+    """The prompts of ``prompt``: a string, token ids, or a list of either (several)."""
     if isinstance(prompt, str):
-        return prompt, None
+        return [(prompt, None)]
     if not prompt:
         raise ApiError(400, "invalid request: prompt: must not be empty", "prompt")
     if all(isinstance(t, int) for t in prompt):
-        return None, [t for t in prompt if isinstance(t, int)]
-    if len(prompt) != 1:
-        raise ApiError(400, "invalid request: prompt: one prompt per request (a list of "
-                       "several prompts is not supported yet)", "prompt")
-    first = prompt[0]
-    return (first, None) if isinstance(first, str) else (None, list(first))  # type: ignore[arg-type]
+        return [(None, [t for t in prompt if isinstance(t, int)])]
+    found: list[Prompt] = []
+    for i, one in enumerate(prompt):
+        if isinstance(one, str):
+            found.append((one, None))
+        elif isinstance(one, list) and one:
+            found.append((None, list(one)))
+        else:
+            raise ApiError(400, f"invalid request: prompt[{i}]: must not be empty",
+                           f"prompt[{i}]")
+    return found
 
 
-def completion_request(body: CompletionRequest, *,
-                       decode: Callable[[list[int]], str] | None
-                       ) -> tuple[TextRequest, str | None]:
-    """The request of a ``/v1/completions`` body, and the ``echo`` text (None without echo).
+def check_n(n: int, max_n: int) -> None:
+    """Raise ApiError (400 naming ``n``) for an ``n`` above the server's ``max_n``."""
+    if n > max_n:
+        raise ApiError(400, f"invalid request: n: must be at most {max_n}, got {n}", "n")
 
-    ``decode`` turns prompt token ids into the echoed text (raising ApiError for ids out of
-    the vocabulary); without it ``echo`` is refused. Raises ApiError (400) naming the field.
+
+def check_max_tokens(max_tokens: int | None, field: str, max_model_len: int) -> None:
+    """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``, in
+    vLLM's words (a prompt plus max_tokens beyond it ends at the context)."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ApiError(400, f"{field}={max_tokens} cannot be greater than "
+                       f"max_model_len={max_model_len}. Please request fewer output tokens.",
+                       field)
+
+
+def _check_vocab(ids: list[int], field: str, vocab_size: int) -> None:
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab_size:  # the check the engine client makes, named here
+            raise ApiError(400, f"invalid request: {field}[{i}]: {token} is not in the "
+                           f"vocabulary (0..{vocab_size - 1})", f"{field}[{i}]")
+
+
+@attrs.frozen
+class Choices:
+    """A completions or chat completions body as child requests: one per prompt and
+    choice, in choice ``index`` order (prompt index * ``n`` + i, as vLLM numbers them), and
+    what its response looks like (:meth:`format`). The server and batch files both run
+    these (:class:`~anyio_genout.server.response.TextResponse`)."""
+
+    response_id: str
+    requests: list[TextRequest]
+    n: int
+    #: How many alternatives the logprobs show (None: no logprobs).
+    logprobs: int | None
+    echo: bool = False
+    chat: bool = False
+
+    def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
+        """The response format (``decode`` gives the echoed text of token-id prompts)."""
+        if self.chat:
+            return ChatFormat(self.response_id, model, self.logprobs)
+        return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
+                                n=self.n, decode=decode)
+
+
+def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: int | None,
+                       vocab_size: int | None = None) -> Choices:
+    """The child requests of a ``/v1/completions`` body (see :class:`Choices`).
+
+    ``prompt`` is a string, token ids, or a list of several of either; each prompt is one
+    request (id ``"{id}-{p}"`` when there are several, as vLLM's), each of its ``n`` choices
+    a child of it (:func:`choices`). At most ``max_n`` choices in all; ``max_tokens`` at
+    most ``max_model_len`` (None: not checked here); token ids below ``vocab_size`` (None:
+    the engine client checks them). With ``echo`` and ``logprobs`` the requests ask the
+    engine for the prompt's logprobs (``prompt_logprobs``), as vLLM's do.
+
+    Raises ApiError (400) naming the field: ``n``, ``prompt`` (empty, or more than
+    ``max_n`` choices), ``prompt[i]``, ``max_tokens``, ...
     """
     check_unicode(body.prompt, "prompt")
-    if body.echo and decode is None:
-        raise ApiError(400, "invalid request: echo: not supported here yet", "echo")
+    check_n(body.n, max_n)
+    if max_model_len is not None:
+        check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
+    prompts = _prompts(body.prompt)
+    if len(prompts) * body.n > max_n:
+        raise ApiError(400, f"invalid request: prompt: {len(prompts)} prompts with n={body.n} "
+                       f"are {len(prompts) * body.n} choices; at most {max_n} (the server's "
+                       "max_n) per request", "prompt")
+    request_id = _request_id("cmpl", body)
+    params = _sampling(body, body.max_tokens, body.logprobs)
     if body.echo and body.logprobs is not None:
-        raise ApiError(400, "invalid request: echo: not supported with logprobs yet (it "
-                       "needs the prompt's logprobs)", "echo")
-    prompt, ids = _one_prompt(body.prompt)
-    echo = None
-    if body.echo:
-        assert decode is not None
-        if prompt is not None:
-            echo = prompt
-        else:
-            assert ids is not None
-            echo = decode(ids)
-    request = TextRequest(
-        request_id=_request_id("cmpl", body), prompt=prompt, prompt_token_ids=ids,
-        sampling_params=_sampling(body, body.max_tokens, body.logprobs),
-        stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens,
-        spaces_between_special_tokens=body.spaces_between_special_tokens,
-        add_special_tokens=body.add_special_tokens if prompt is not None else None)
-    return request, echo
+        params = attrs.evolve(params, prompt_logprobs=body.logprobs)
+    several = len(prompts) > 1
+    requests: list[TextRequest] = []
+    for p, (prompt, ids) in enumerate(prompts):
+        if ids is not None and vocab_size is not None:
+            _check_vocab(ids, f"prompt[{p}]" if several else "prompt", vocab_size)
+        request = TextRequest(
+            request_id=f"{request_id}-{p}" if several else request_id, prompt=prompt,
+            prompt_token_ids=ids, sampling_params=params, stop=_stop(body),
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            skip_special_tokens=body.skip_special_tokens,
+            spaces_between_special_tokens=body.spaces_between_special_tokens,
+            add_special_tokens=body.add_special_tokens if prompt is not None else None)
+        requests.extend(choices(request, body.n))
+    return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo)
+
+
+def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None
+                 ) -> Choices:
+    """The child requests of a ``/v1/chat/completions`` body (see :class:`Choices`): ``n``
+    at most ``max_n``, ``max_completion_tokens`` and ``max_tokens`` at most
+    ``max_model_len`` (None: not checked here). Raises ApiError (400) naming the field."""
+    check_n(body.n, max_n)
+    if max_model_len is not None:
+        check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
+        check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
+    request = chat_request(body)
+    return Choices(request.request_id, choices(request, body.n), body.n,
+                   request.sampling_params.logprobs, chat=True)
 
 
 def chat_request(body: ChatCompletionRequest) -> TextRequest:

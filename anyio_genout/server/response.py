@@ -150,7 +150,9 @@ class TextResponse(Response):
 
                 await self._each(streams, relay)
                 if self._include_usage:
-                    usage = fmt.usage_chunk(len(streams[0].prompt_token_ids), completion)
+                    usage = fmt.usage_chunk(
+                        fmt.prompt_tokens([len(s.prompt_token_ids) for s in streams]),
+                        completion)
                     await self._body(send, _event(usage), more=True)
                 await self._body(send, _DONE, more=False)
         except GenoutError as exc:

@@ -14,7 +14,7 @@ from ..protocol import Logprobs
 from .output import TokenLogprob
 from .tokenizer import Tokenizer
 
-__all__ = ["LogprobsDecoder"]
+__all__ = ["LogprobsDecoder", "prompt_logprob_rows"]
 
 #: Sampled tokens before a position that can complete its character (UTF-8: 4 bytes).
 _CONTEXT: Final = 4
@@ -62,3 +62,21 @@ class LogprobsDecoder:
         if len(recent) > _CONTEXT:
             del recent[:-_CONTEXT]
         return result
+
+
+def prompt_logprob_rows(tokenizer: Tokenizer, logprobs: Logprobs, *,
+                        detokenize: bool = True) -> list[list[TokenLogprob]]:
+    """Prompt logprobs (one row per prompt position but the first: the prompt's token, then
+    the top ones) as :class:`TokenLogprob` lists, each id decoded alone as vLLM decodes
+    prompt logprobs (no context correction)."""
+    ids = logprobs.token_ids
+    if ids.ndim != 2 or not ids.shape[0]:
+        return []
+    rows, cols = ids.shape
+    flat: list[int] = ids.ravel().tolist()
+    values: list[float] = logprobs.logprobs.ravel().tolist()
+    ranks: list[int] = logprobs.ranks.tolist()
+    strings = tokenizer.token_strings(flat) if detokenize else [""] * len(flat)
+    return [[TokenLogprob(flat[row * cols + col], values[row * cols + col],
+                          ranks[row] if col == 0 else col, strings[row * cols + col])
+             for col in range(cols)] for row in range(rows)]

@@ -34,8 +34,11 @@ class TextOutput:
     sampled token first, then the top ones. ``finish_reason`` is set on the terminal output
     only: on a stop-string match it is STOP with the matched string as ``stop_reason``.
     ``prompt`` (the prompt text, or the rendered chat template; None for a token-id prompt)
-    and ``prompt_token_ids`` come with the first output only. ``request_id`` is the id the
-    engine knows the request by (as in :class:`~anyio_genout.GenerateOutput`).
+    and ``prompt_token_ids`` come with the first output only, and so do ``prompt_logprobs``
+    when the request's ``sampling_params.prompt_logprobs`` asked for them: one list per
+    prompt position but the first (which has none), the prompt's token first, then the top
+    ones. ``request_id`` is the id the engine knows the request by (as in
+    :class:`~anyio_genout.GenerateOutput`).
     """
 
     request_id: str
@@ -46,6 +49,7 @@ class TextOutput:
     prompt_token_ids: tuple[int, ...] | None = None
     prompt: str | None = None
     cached_token_count: int = 0
+    prompt_logprobs: list[list[TokenLogprob]] | None = None
 
     @property
     def finished(self) -> bool:
@@ -64,6 +68,7 @@ class CollectedTextOutput:
     finish_reason: FinishReason
     usage: TokenUsage
     logprobs: list[list[TokenLogprob]] | None = None
+    prompt_logprobs: list[list[TokenLogprob]] | None = None
 
 
 async def collect_text(outputs: AsyncIterable[TextOutput]) -> CollectedTextOutput:
@@ -80,6 +85,7 @@ async def collect_text(outputs: AsyncIterable[TextOutput]) -> CollectedTextOutpu
     texts: list[str] = []
     tokens: list[int] = []
     logprobs: list[list[TokenLogprob]] | None = None
+    prompt_logprobs: list[list[TokenLogprob]] | None = None
     cached = 0
     async for out in outputs:
         if request_id is None:
@@ -87,6 +93,7 @@ async def collect_text(outputs: AsyncIterable[TextOutput]) -> CollectedTextOutpu
         if prompt_ids is None and out.prompt_token_ids is not None:
             prompt_ids = out.prompt_token_ids
             prompt = out.prompt
+            prompt_logprobs = out.prompt_logprobs
         texts.append(out.text)
         tokens.extend(out.token_ids)
         if out.logprobs is not None:
@@ -106,6 +113,7 @@ async def collect_text(outputs: AsyncIterable[TextOutput]) -> CollectedTextOutpu
             finish_reason=out.finish_reason,
             usage=TokenUsage(len(prompt_ids), len(tokens), cached),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     raise IncompleteStreamError(
         f"request {request_id or '?'}: the stream ended before its terminal output")

@@ -35,7 +35,7 @@ from ..generate import (
 )
 from ..protocol import SamplingParams
 from .decoding import TextDecoder, TextStep
-from .logprobs import LogprobsDecoder
+from .logprobs import LogprobsDecoder, prompt_logprob_rows
 from .output import CollectedTextOutput, TextOutput, collect_text
 from .request import TextRequest, check_text_request
 from .tokenizer import Tokenizer
@@ -345,12 +345,15 @@ class TextStream:
                 self._logprobs = LogprobsDecoder(self._tokenizer,
                                                  detokenize=self._request.detokenize)
             logprobs = self._logprobs.decode(out.logprobs, len(tokens))
-        prompt = prompt_ids = None
+        prompt = prompt_ids = prompt_logprobs = None
         if self._prompt_pending:
             self._prompt_pending = False
             prompt, prompt_ids = self._prompt, out.prompt_token_ids
+            if out.prompt_logprobs is not None:
+                prompt_logprobs = prompt_logprob_rows(self._tokenizer, out.prompt_logprobs,
+                                                      detokenize=self._request.detokenize)
         return TextOutput(out.request_id, text, tokens, logprobs, finish, prompt_ids, prompt,
-                          out.cached_token_count)
+                          out.cached_token_count, prompt_logprobs)
 
     async def collect_text(self) -> CollectedTextOutput:
         """Gather the rest of this stream (see :func:`collect_text`).
