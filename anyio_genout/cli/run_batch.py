@@ -167,10 +167,11 @@ class BatchParser:
         """
         import pydantic
 
-        errors = self._errors
         from ..server import models
 
-        model = models.CompletionRequest if url == COMPLETIONS_URL else models.ChatCompletionRequest
+        errors = self._errors
+        model = (models.CompletionRequest if url == COMPLETIONS_URL
+                 else models.ChatCompletionRequest)
         try:
             parsed = model.model_validate(body)
         except pydantic.ValidationError as exc:
@@ -199,8 +200,8 @@ class BatchRunner:
 
     def __init__(self, text_client: TextClient) -> None:
         self._text = text_client
-        _, self._errors, self._requests, self._response = _server()
-        self._max_n: int = _server()[0].MAX_N
+        app, self._errors, self._requests, self._response = _server()
+        self._max_n: int = app.MAX_N
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""
