@@ -15,6 +15,7 @@ import anyio
 from ..errors import GenoutError, UsageError
 from . import generate_cmd, run_cmd, serve_cmd
 from .backends import anyio_run_arguments, require_backend
+from .serve_workers import WORKER_COMMAND
 
 __all__ = ["main"]
 
@@ -76,10 +77,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..bench.cli import main as bench_main
 
         return bench_main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    if argv and argv[0] == WORKER_COMMAND:  # internal: `serve --workers N`
+        from .serve_workers import read_worker_spec
+
+        args = read_worker_spec(sys.stdin.buffer)
+    else:
+        args = build_parser().parse_args(argv)
     require_backend(f"anyio-genout {argv[0]}", args.backend)
     _configure_logging(args.debug)
+    return _execute(args)
+
+
+def _execute(args: argparse.Namespace) -> int:
+    """Run a parsed command on its backend: its exit status, and errors as one line."""
     try:
         return _run_backend(args.command, args)
     except KeyboardInterrupt:

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import sys
-from typing import Any
-
-import anyio
-import anyio.abc
 
 from ..errors import UsageError
-from ..text.client import TextClient
 from .backends import extra_message, importable
-from .engines import ClientSession
 from .options import add_engine_options
+from .serve_http import http_url, listen, serve
 from .text_model import add_model_option, load_tokenizer
 
 __all__ = ["add_parser", "run"]
@@ -36,6 +29,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--api-key", metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route but /health "
                              "(default: none)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="server processes sharing the listening socket and the engines "
+                             "(each engine gets one input and one output address per "
+                             "process, as with vLLM's --api-server-count; default: "
+                             "%(default)s)")
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: "
                              "the --model or --vllm-model argument, else --model-name)")
@@ -66,21 +64,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.set_defaults(command=run)
 
 
-def served_model_name(args: argparse.Namespace) -> str:
-    name: str = args.served_model_name or args.model or args.vllm_model or args.model_name
-    return name
-
-
-async def run(args: argparse.Namespace) -> int:
+def check_serve_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before anything starts; raises :class:`UsageError`."""
     if not (importable("fastapi") and importable("hypercorn")):
         raise UsageError(extra_message("anyio-genout serve", "server"))
-    from hypercorn.config import Config
-
-    from ..server import create_app
-
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
-    for option in ("max_body_size", "max_n", "max_concurrent_requests", "read_timeout"):
+    for option in ("max_body_size", "max_n", "max_concurrent_requests", "read_timeout",
+                   "workers"):
         value = getattr(args, option)
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
@@ -88,54 +79,18 @@ async def run(args: argparse.Namespace) -> int:
         if not getattr(args, option) > 0:
             raise UsageError(f"--{option.replace('_', '-')} must be positive, got "
                              f"{getattr(args, option)}")
+
+
+async def run(args: argparse.Namespace) -> int:
+    check_serve_args(args)
     tokenizer = load_tokenizer(args, required=True)
     assert tokenizer is not None
-    config = Config()
-    config.bind = [f"[{args.host}]:{args.port}" if ":" in args.host
-                   else f"{args.host}:{args.port}"]
-    config.accesslog = None
-    config.graceful_timeout = 1.0
-    config.keep_alive_timeout = args.keep_alive_timeout
-    config.read_timeout = args.read_timeout
-    stop = anyio.Event()
-    interrupted = False
+    if args.workers > 1:
+        from .serve_workers import supervise  # imports the engine handshake only if used
 
-    async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        nonlocal interrupted
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            task_status.started()
-            async for _ in signals:
-                interrupted = True
-                stop.set()  # Hypercorn shuts down gracefully (it is not cancelled)
-                return
-
-    async with ClientSession(args, tokenizer=tokenizer) as client:
-        try:
-            text_client = TextClient(client, tokenizer)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        app = create_app(text_client, model_name=served_model_name(args),
-                         api_key=args.api_key, max_n=args.max_n,
-                         max_body_size=args.max_body_size,
-                         max_concurrent_requests=args.max_concurrent_requests,
-                         body_timeout=args.body_timeout)
-        async with anyio.create_task_group() as tg:
-            await tg.start(on_signal)
-            print(f"serving {served_model_name(args)!r} on http://{config.bind[0]}",
-                  file=sys.stderr, flush=True)
-            await _serve(app, config, args.backend, stop)
-            tg.cancel_scope.cancel()
-    return 130 if interrupted else 0
+        return await supervise(args, tokenizer)
+    sock = listen(args.host, args.port)
+    url = http_url(sock)
+    return await serve(args, tokenizer, sock.detach(), announce=url)  # Hypercorn owns it
 
 
-async def _serve(app: Any, config: Any, backend: str, stop: anyio.Event) -> None:
-    """Serve until ``stop`` is set; then Hypercorn closes its connections (in-flight
-    requests get ``graceful_timeout`` seconds, then are cancelled, aborting them)."""
-    if backend == "trio":
-        from hypercorn.trio import serve as trio_serve
-
-        await trio_serve(app, config, shutdown_trigger=stop.wait)
-    else:
-        from hypercorn.asyncio import serve as asyncio_serve
-
-        await asyncio_serve(app, config, shutdown_trigger=stop.wait)

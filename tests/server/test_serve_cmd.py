@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 
@@ -36,3 +37,22 @@ def test_serve_answers_completions_and_stops_on_sigint(backend: str) -> None:
         _, err = child.communicate(timeout=20)
     assert child.returncode == 130, err
     assert "Bearer k" not in err  # the key is never logged
+
+
+def test_port_0_serves_on_a_free_port_and_says_which() -> None:
+    child = subprocess.Popen([*CLI, "serve", "--port", "0"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        assert child.stderr is not None
+        line = child.stderr.readline()
+        while line and "serving" not in line:
+            line = child.stderr.readline()
+        found = re.search(r"serving 'anyio-genout' on (http://127\.0\.0\.1:(\d+))$", line.strip())
+        assert found and int(found.group(2)) > 0, line
+        answered = httpx.post(f"{found.group(1)}/v1/completions", json={
+            "model": "anyio-genout", "prompt": "Once", "max_tokens": 2})
+        assert answered.status_code == 200, answered.text
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=20)
+    assert child.returncode == 130

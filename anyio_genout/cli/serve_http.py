@@ -1,0 +1,119 @@
+"""One server process: Hypercorn on a listening socket, the app over a client of the
+engines (``anyio-genout serve``, and each worker of ``serve --workers``)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from ..errors import UsageError
+from ..text.client import TextClient
+from ..text.tokenizer import Tokenizer
+from .engines import ClientSession, WorkerSockets
+
+__all__ = ["http_url", "listen", "serve", "served_model_name"]
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    name: str = args.served_model_name or args.model or args.vllm_model or args.model_name
+    return name
+
+
+def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """The HTTP listening socket (bound here, so ``--port 0`` can say which port it got);
+    with ``reuse_port``, one of several on the same port (``SO_REUSEPORT``: the kernel
+    spreads new connections over them). Raises :class:`UsageError` if it cannot be
+    bound."""
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                    else socket.AF_INET, backlog=2048,
+                                    reuse_port=reuse_port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def http_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
+                worker: WorkerSockets | None = None, announce: str | None = None,
+                on_ready: Callable[[], None] | None = None,
+                stop: anyio.Event | None = None) -> int:
+    """Serve the API on the listening socket ``http_fd`` (Hypercorn closes it) until
+    SIGINT/SIGTERM (exit status 130) or until ``stop`` is set (0).
+
+    ``worker``: connect as that worker of a supervisor (no engines are started here).
+    ``announce``: print where it serves once the engines are ready; ``on_ready`` is called
+    then too. A signal before that stops the start-up.
+    """
+    from hypercorn.config import Config
+
+    from ..server import create_app
+
+    config = Config()
+    config.bind = [f"fd://{http_fd}"]
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    config.keep_alive_timeout = args.keep_alive_timeout
+    config.read_timeout = args.read_timeout
+    stop = stop or anyio.Event()
+    interrupted = serving = False
+
+    async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        nonlocal interrupted
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                interrupted = True
+                if serving:
+                    stop.set()  # Hypercorn shuts down gracefully (it is not cancelled)
+                else:
+                    tg.cancel_scope.cancel()  # still starting: stop waiting for engines
+                return
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(on_signal)
+        async with ClientSession(args, tokenizer=tokenizer, worker=worker,
+                                 quiet=worker is not None) as client:
+            try:
+                text_client = TextClient(client, tokenizer)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            app = create_app(text_client, model_name=served_model_name(args),
+                             api_key=args.api_key, max_n=args.max_n,
+                             max_body_size=args.max_body_size,
+                             max_concurrent_requests=args.max_concurrent_requests,
+                             body_timeout=args.body_timeout)
+            if announce is not None:
+                print(f"serving {served_model_name(args)!r} on {announce}", file=sys.stderr,
+                      flush=True)
+            if on_ready is not None:
+                on_ready()
+            serving = True
+            await _serve(app, config, args.backend, stop)
+        tg.cancel_scope.cancel()
+    return 130 if interrupted else 0
+
+
+async def _serve(app: Any, config: Any, backend: str, stop: anyio.Event) -> None:
+    """Serve until ``stop`` is set; then Hypercorn closes its connections (in-flight
+    requests get ``graceful_timeout`` seconds, then are cancelled, aborting them)."""
+    if backend == "trio":
+        from hypercorn.trio import serve as trio_serve
+
+        await trio_serve(app, config, shutdown_trigger=stop.wait)
+    else:
+        from hypercorn.asyncio import serve as asyncio_serve
+
+        await asyncio_serve(app, config, shutdown_trigger=stop.wait)
