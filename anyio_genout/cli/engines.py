@@ -23,7 +23,8 @@ from ..text.tokenizer import Tokenizer
 from ..transport import free_tcp_port
 from .text_model import mock_corpus
 
-__all__ = ["ClientSession", "Interrupt", "WorkerSockets", "free_tcp_port", "interruptible"]
+__all__ = ["ClientSession", "EngineSession", "Interrupt", "WorkerSockets", "free_tcp_port",
+           "interruptible"]
 
 #: The embedded mock engine's vocabulary size (its config's default).
 _MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default)
@@ -135,10 +136,9 @@ class ClientSession:
     corpus encoded with it (corpus mode), with its EOS token, in a vocabulary of at least
     the mock's default.
 
-    Two halves, for ``serve --workers``: :meth:`start_engines` alone (the supervisor, which
-    then performs the handshake for its workers), and with ``worker`` a client that starts
-    no engine but adopts the sockets its supervisor bound and waits for the engines to
-    register there.
+    For ``serve --workers``: with ``worker``, a client that starts no engine but adopts the
+    sockets its supervisor bound and waits for the engines to register there (the
+    supervisor's half is :class:`EngineSession`).
     """
 
     def __init__(self, args: argparse.Namespace, *, quiet: bool = False,
@@ -185,12 +185,7 @@ class ClientSession:
             return client
         return await self._connect_managed(config, self.managed_engines)
 
-    async def start_engines(self) -> ClientConfig:
-        """Start (or announce) the engines without connecting to them: the supervisor's half.
-
-        Returns the client configuration whose handshake address the engines dial. The
-        engines run until :meth:`aclose`.
-        """
+    async def _start_only(self) -> ClientConfig:
         await self._stack.__aenter__()
         try:
             config = self._configure(self._args)
@@ -199,10 +194,6 @@ class ClientSession:
             await self._stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         return config
-
-    async def aclose(self) -> None:
-        """Stop what :meth:`start_engines` started."""
-        await self._stack.aclose()
 
     def _configure(self, args: argparse.Namespace) -> ClientConfig:
         """The client's configuration, checked; computes the embedded mock's corpus."""
@@ -318,3 +309,26 @@ class ClientSession:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> bool | None:
         return await self._stack.__aexit__(exc_type, exc, tb)
+
+
+class EngineSession:
+    """``async with EngineSession(args, tokenizer=...) as config``: the engines started (or
+    announced) as :class:`ClientSession` does, but no client: the ``serve --workers``
+    supervisor's half, which then performs the handshake for its workers. ``config`` is the
+    client configuration whose handshake address the engines dial; the engines stop when
+    the block is left."""
+
+    def __init__(self, args: argparse.Namespace, *, tokenizer: Tokenizer | None = None) -> None:
+        self._session = ClientSession(args, tokenizer=tokenizer)
+
+    @property
+    def managed_engines(self) -> Any:
+        """The ``--vllm-model`` child processes, or None."""
+        return self._session.managed_engines
+
+    async def __aenter__(self) -> ClientConfig:
+        return await self._session._start_only()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        return await self._session.__aexit__(exc_type, exc, tb)
