@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import GenoutError
 from ..text.client import TextClient
-from ..text.output import CollectedTextOutput, collect_text
+from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_outputs
 from ..text.request import TextRequest
 from ..text.stream import TextStream
 from .errors import error_body, error_for
@@ -41,6 +41,24 @@ def _dumps(value: Any) -> bytes:
 
 def _event(value: Any) -> bytes:
     return b"data: " + _dumps(value) + b"\n\n"
+
+
+def _with_buffered(stream: TextStream, out: TextOutput) -> tuple[TextOutput, GenoutError | None]:
+    """``out`` with whatever else of ``stream`` is already buffered merged in: under load
+    a client gets what arrived together as one event (one write, one JSON document) instead
+    of an event per token. An error met there comes second, after what came before it."""
+    if out.finish_reason is not None:
+        return out, None
+    more = [out]
+    failure = None
+    try:
+        while more[-1].finish_reason is None:
+            more.append(stream.receive_nowait())
+    except (anyio.WouldBlock, anyio.EndOfStream):
+        pass
+    except GenoutError as exc:
+        failure = exc
+    return merge_outputs(more), failure
 
 
 class TextResponse(Response):
@@ -143,10 +161,13 @@ class TextResponse(Response):
                 async def relay(i: int, stream: TextStream) -> None:
                     nonlocal completion
                     async for out in stream:
+                        out, failure = _with_buffered(stream, out)
                         completion += len(out.token_ids)
                         chunk = fmt.chunk(out, i)
                         if chunk is not None:
                             await self._event(send, chunk)
+                        if failure is not None:
+                            raise failure
 
                 await self._each(streams, relay)
                 if self._include_usage:

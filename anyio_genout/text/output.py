@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
 
 import attrs
 
 from ..errors import IncompleteStreamError
 from ..generate import FinishReason, TokenUsage
 
-__all__ = ["CollectedTextOutput", "TextOutput", "TokenLogprob", "collect_text"]
+__all__ = ["CollectedTextOutput", "TextOutput", "TokenLogprob", "collect_text", "merge_outputs"]
 
 
 @attrs.frozen
@@ -69,6 +69,28 @@ class CollectedTextOutput:
     usage: TokenUsage
     logprobs: list[list[TokenLogprob]] | None = None
     prompt_logprobs: list[list[TokenLogprob]] | None = None
+
+
+def merge_outputs(outputs: Sequence[TextOutput]) -> TextOutput:
+    """Consecutive outputs of one stream as one delta: texts, tokens and logprobs joined, the
+    prompt fields of the first, the finish of the last (what a consumer that fell behind
+    delivers at once, as vLLM's output collector merges what its consumer has not taken).
+
+    Raises:
+        ValueError: ``outputs`` is empty.
+    """
+    if len(outputs) == 1:
+        return outputs[0]
+    if not outputs:
+        raise ValueError("no outputs to merge")
+    first, last = outputs[0], outputs[-1]
+    tokens = [t for out in outputs for t in out.token_ids]
+    logprobs = None
+    if any(out.logprobs is not None for out in outputs):
+        logprobs = [row for out in outputs for row in (out.logprobs or ())]
+    return TextOutput(first.request_id, "".join(out.text for out in outputs), tokens,
+                      logprobs, last.finish_reason, first.prompt_token_ids, first.prompt,
+                      first.cached_token_count, first.prompt_logprobs)
 
 
 async def collect_text(outputs: AsyncIterable[TextOutput]) -> CollectedTextOutput:

@@ -289,6 +289,29 @@ class TextStream:
         got = inner.receive_buffered()
         if got is None:
             got = await inner.receive()
+        return self._convert(inner, got)
+
+    def receive_nowait(self) -> TextOutput:
+        """The next output if it is already buffered (no waiting, no checkpoint): a consumer
+        that fell behind takes what has arrived at once (the server sends it as one event).
+
+        Raises:
+            anyio.WouldBlock: nothing is buffered now (iterate the stream to wait for it).
+            anyio.EndOfStream: the terminal output was already returned.
+            ClientUnhealthyError, RequestFailedError: what :meth:`__anext__` raises.
+            RuntimeError: the stream has not been entered.
+        """
+        inner = self._inner
+        if inner is None:
+            raise RuntimeError("use `async with text_client.generate(...) as stream` first")
+        if self._done:
+            raise anyio.EndOfStream
+        got = inner.receive_buffered()
+        if got is None:
+            raise anyio.WouldBlock
+        return self._convert(inner, got)
+
+    def _convert(self, inner: GenerateStream, got: list[int] | GenerateOutput) -> TextOutput:
         if got.__class__ is not list:
             return self._text_output(inner, got)  # type: ignore[arg-type]
         tokens: list[int] = got

@@ -201,11 +201,12 @@ async def test_echo_with_logprobs_streamed_and_with_several_prompts() -> None:
                                               strict=True)] == [PROMPT, PROMPT, OTHER, OTHER]
     for i, choice in enumerate(whole.choices):
         mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
-        # The first chunk of a choice is its prompt and first token, with their logprobs.
+        # The first chunk of a choice is its prompt and its first token (or the first few,
+        # when they arrived together), with their logprobs.
         head = mine[0].logprobs
         assert head is not None and head.token_logprobs is not None
         assert head.token_logprobs[0] is None
-        assert len(head.token_logprobs) == counts[i // 2] + 1
+        assert counts[i // 2] + 1 <= len(head.token_logprobs) <= counts[i // 2] + 3
         assert "".join(c.text for c in mine) == choice.text
         tokens = [t for c in mine if c.logprobs and c.logprobs.tokens for t in c.logprobs.tokens]
         assert choice.logprobs is not None and tokens == choice.logprobs.tokens

@@ -11,7 +11,7 @@ import pytest
 
 from anyio_genout import EngineDeadError, FinishReason, SamplingParams
 from anyio_genout.text.client import TextClient
-from anyio_genout.text.output import TextOutput
+from anyio_genout.text.output import TextOutput, merge_outputs
 from anyio_genout.text.request import TextRequest
 from tests.support import wait_until
 
@@ -280,3 +280,38 @@ async def test_an_engine_dying_mid_stream_fails_every_text_stream_once() -> None
         with pytest.raises(EngineDeadError):
             async with setup.text.generate(TextRequest(prompt=PROMPT)):
                 pytest.fail("entered")  # pragma: no cover
+
+
+async def test_receive_nowait_takes_what_arrived_and_merges_to_the_same_text() -> None:
+    """A consumer that fell behind takes every buffered output at once; merged, they are
+    the same delta as one by one (text, tokens, the finish of the last)."""
+    async with text_client(step_time=0.0) as setup:
+        params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0)
+        async with setup.text.generate(TextRequest(prompt=PROMPT,
+                                                   sampling_params=params)) as stream:
+            alone = await stream.collect_text()
+        async with setup.text.generate(TextRequest(prompt=PROMPT,
+                                                   sampling_params=params)) as stream:
+            first = await stream.__anext__()
+            await wait_until(lambda: not setup.engine.running_ids)
+            await anyio.sleep(0.05)  # the reader has buffered the engine's last output
+            outputs = [first]
+            with pytest.raises(anyio.EndOfStream):
+                while True:
+                    outputs.append(stream.receive_nowait())
+        assert len(outputs) > 2
+        merged = merge_outputs(outputs)
+        assert merged.text == alone.text and merged.token_ids == alone.token_ids
+        assert merged.finish_reason == FinishReason.LENGTH
+        assert merged.prompt_token_ids == first.prompt_token_ids is not None
+
+
+async def test_receive_nowait_would_block_while_nothing_is_buffered() -> None:
+    async with text_client(step_time=0.5) as setup:
+        params = SamplingParams(max_tokens=5, ignore_eos=True)
+        async with setup.text.generate(TextRequest(prompt=PROMPT,
+                                                   sampling_params=params)) as stream:
+            await stream.__anext__()
+            with pytest.raises(anyio.WouldBlock):
+                stream.receive_nowait()
+
