@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..cli.helpformat import HelpFormatter
-from . import report_cmd, run_cmd, server_bench, text_cmd, vllm_cmd
+from . import report_cmd, run_cmd, server_cmd, text_cmd, vllm_cmd
 from .run_cmd import plan
 from .vllm_cmd import plan_vllm
 
@@ -56,7 +56,7 @@ def _build(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argum
     commands = {"vllm": vllm_cmd.add_parser(subparsers),
                 "report": report_cmd.add_parser(subparsers),
                 "text": text_cmd.add_parser(subparsers),
-                "server": server_bench.add_parser(subparsers)}
+                "server": server_cmd.add_parser(subparsers)}
     return parser, commands
 
 

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from anyio_genout.bench.cli import build_parser
-from anyio_genout.bench.server_bench import plan_servers, size_cell
+from anyio_genout.bench.server_cmd import plan_servers, size_cell
 from anyio_genout.bench.server_procs import Child
 from anyio_genout.bench.server_report import (
     build_server_report,
