@@ -49,6 +49,7 @@ from .handshake import BoundSockets
 from .input import EngineInput
 from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
+from .routing import Router, make_router
 from .stream import CallScope, EngineCoreOutputStream, new_output_stream
 from .utility import UtilityCalls
 from .utility_calls import PendingCalls, copy_error
@@ -81,7 +82,11 @@ class EngineCoreClient(UtilityCalls):
         self._identities = {rank: engine_identity(rank) for rank in self._ranks}
         self._input = EngineInput(sockets.input, self._identities, self.fail)
         self._send_input = self._input.send
-        self._registry = RequestRegistry(self._ranks)
+        self._registry = RequestRegistry(self._ranks, make_router(
+            config.routing, {r: ready[r].block_size for r in self._ranks},
+            {r: ready[r].num_gpu_blocks for r in self._ranks},
+            imbalance_threshold=config.prefix_imbalance_threshold,
+            memory_blocks=config.prefix_memory_blocks))
         self._error: ClientUnhealthyError | None = None
         self._calls = PendingCalls(config.client_index, self._send_input,
                                    self._raise_if_unhealthy)
@@ -183,9 +188,16 @@ class EngineCoreClient(UtilityCalls):
         """Request ids sent in ABORT frames so far (for tests and soak checks)."""
         return self._aborts.sent
 
-    def engine_load(self) -> dict[int, int]:
-        """Routing score of each engine: max(in-flight, running + waiting)."""
+    def engine_load(self) -> dict[int, float]:
+        """Routing score of each engine: max(in-flight, running + waiting), plus vLLM's
+        KV-usage penalty on waiting requests (docs/routing.md)."""
         return {rank: load.score for rank, load in self._registry.engines.items()}
+
+    @property
+    def router(self) -> Router:
+        """The router choosing each request's engine (``config.routing``); its ``stats``
+        count its decisions."""
+        return self._registry.router
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
@@ -264,9 +276,9 @@ class EngineCoreClient(UtilityCalls):
                 max_tokens = self._max_model_len - len(request.prompt_token_ids)
                 request = attrs.evolve(request, max_tokens=max_tokens)
         registry = self._registry
-        engine = registry.choose_engine(request.data_parallel_rank)
+        engine, ticket = registry.choose_engine(request)
         frames = encode_add(request)
-        entry = registry.register(request.request_id, engine)  # DuplicateRequestIdError
+        entry = registry.register(request.request_id, engine, ticket)  # DuplicateRequestIdError
         try:
             # An abort of an earlier request with this id may still be queued: send it
             # first, or the engine would see a duplicate id and die.

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 
 from ..transport import DEFAULT_MAX_MESSAGE_SIZE
+from .routing import DEFAULT_IMBALANCE_THRESHOLD, DEFAULT_MEMORY_BLOCKS, ROUTING_MODES
 
 __all__ = ["ADDRESS_FORMS", "DEFAULT_HANDSHAKE_ADDRESS", "EngineCoreClientConfig"]
 
@@ -17,6 +18,22 @@ DEFAULT_HANDSHAKE_ADDRESS: Final = "tcp://127.0.0.1:29550"
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _routing_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in ROUTING_MODES:
+        raise ValueError(f"routing must be one of {', '.join(map(repr, ROUTING_MODES))}, "
+                         f"got {value!r}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
+
+
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an integer >= 1, got {value!r}")
 
 
 #: The address forms the client binds, with examples, for error messages.
@@ -123,6 +140,13 @@ class EngineCoreClientConfig:
       does not answer within ``liveness_timeout`` is dead (an engine that is connected but
       hung or deaf). A utility call is answered between two engine steps, so the timeout
       must exceed the longest step and the longest utility call; ``None`` turns it off.
+
+    Routing (docs/routing.md), for requests without a ``data_parallel_rank``: ``routing``
+    ``"load"`` (default) sends each to the least-loaded engine by vLLM's score (KV-usage
+    penalty included); ``"prefix"`` to the engine expected to hold the longest cached prefix
+    of its prompt, unless that engine's score exceeds the least-loaded one's by more than
+    ``prefix_imbalance_threshold``; it remembers at most ``prefix_memory_blocks`` block
+    hashes per engine. A bad value raises :class:`ValueError` naming the field.
     """
 
     handshake_address: str = attrs.field(default=DEFAULT_HANDSHAKE_ADDRESS, validator=_address)
@@ -147,6 +171,11 @@ class EngineCoreClientConfig:
     heartbeat_interval: float | None = 1.0
     heartbeat_timeout: float = attrs.field(default=3.0, validator=_positive)
     check_version: bool = True
+    routing: Literal["load", "prefix"] = attrs.field(default="load", validator=_routing_mode)
+    prefix_imbalance_threshold: float = attrs.field(default=DEFAULT_IMBALANCE_THRESHOLD,
+                                                    validator=_non_negative)
+    prefix_memory_blocks: int = attrs.field(default=DEFAULT_MEMORY_BLOCKS,
+                                            validator=_at_least_one)
 
     def __attrs_post_init__(self) -> None:
         if self.bootstrapped and (self.input_address is None or self.output_address is None):

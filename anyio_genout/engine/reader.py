@@ -151,11 +151,15 @@ class OutputReader:
     def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],
                         stats: SchedulerStats | None, timestamp: float,
                         finished: frozenset[str] | None) -> None:
-        requests = self._registry.requests
+        registry = self._registry
+        requests = registry.requests
+        learns = registry.learns  # the router wants the engines' cached-token counts
         for output in outputs:
             entry = requests.get(output.request_id)
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
+            if learns and output.prefill_stats is not None:
+                registry.note_prefill(entry, output.prefill_stats)
             # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
             # It skips put_output's `closed` check because of an invariant: a mailbox still
             # in the registry is never closed. Every path that closes one (the terminal

@@ -6,15 +6,15 @@ every method is synchronous, so no lock is needed and nothing can be interleaved
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
 
 from ..errors import DuplicateRequestIdError, InvalidRequestError
-from ..protocol import SchedulerStats
+from ..protocol import EngineCoreRequest, PrefillStats, SchedulerStats
 from .mailbox import OutputMailbox, mailbox_factory
+from .routing import EngineLoad, LoadRouter, Router
 
 __all__ = ["EngineLoad", "RequestEntry", "RequestRegistry", "UtilityWaiter"]
 
@@ -22,66 +22,62 @@ __all__ = ["EngineLoad", "RequestEntry", "RequestRegistry", "UtilityWaiter"]
 class RequestEntry:
     """A live request: where its outputs go and which engine runs it."""
 
-    __slots__ = ("box", "engine", "request_id")
+    __slots__ = ("box", "engine", "request_id", "ticket")
 
-    def __init__(self, request_id: str, engine: int, box: OutputMailbox) -> None:
+    def __init__(self, request_id: str, engine: int, box: OutputMailbox,
+                 ticket: Any = None) -> None:
         self.request_id = request_id
         self.engine = engine
         self.box = box
-
-
-class EngineLoad:
-    """Routing state of one engine: requests in flight and its latest scheduler stats."""
-
-    __slots__ = ("in_flight", "rank", "running", "waiting")
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.in_flight = 0
-        self.running: int | None = None
-        self.waiting: int | None = None
-
-    @property
-    def score(self) -> int:
-        if self.running is None or self.waiting is None:
-            return self.in_flight
-        return max(self.in_flight, self.running + self.waiting)
+        #: The router's expectation for this request, until its prefill stats arrive.
+        self.ticket = ticket
 
 
 class RequestRegistry:
     """Live requests by id, plus per-engine load for routing."""
 
-    def __init__(self, ranks: Iterable[int]) -> None:
+    def __init__(self, ranks: Iterable[int], router: Router | None = None) -> None:
         # The running backend's mailbox class, looked up once (in the event loop).
         self._new_mailbox: Callable[[], OutputMailbox] = mailbox_factory()
         self.requests: dict[str, RequestEntry] = {}
         self.engines: dict[int, EngineLoad] = {rank: EngineLoad(rank) for rank in ranks}
         # Tie order: the engines' 2-byte identities compared bytewise.
         self._order = sorted(self.engines, key=lambda r: r.to_bytes(2, "little"))
+        self.router: Router = LoadRouter() if router is None else router
+        #: Whether the reader hands the first output's prefill stats to :meth:`note_prefill`.
+        self.learns = self.router.learns
 
-    def choose_engine(self, data_parallel_rank: int | None) -> int:
-        if data_parallel_rank is not None:
-            if data_parallel_rank not in self.engines:
+    def choose_engine(self, request: EngineCoreRequest) -> tuple[int, Any]:
+        """The engine for ``request`` and the router's ticket (for :meth:`register`):
+        its ``data_parallel_rank`` if it names one, else the router's choice among the
+        engines in tie order.
+
+        Raises :class:`InvalidRequestError` naming ``data_parallel_rank`` if no connected
+        engine has that rank."""
+        rank = request.data_parallel_rank
+        engines = self.engines
+        pinned = None
+        if rank is not None:
+            pinned = engines.get(rank)
+            if pinned is None:
                 raise InvalidRequestError(
                     "data_parallel_rank",
-                    f"no connected engine has rank {data_parallel_rank} (connected ranks: "
-                    f"{sorted(self.engines)})",
+                    f"no connected engine has rank {rank} (connected ranks: "
+                    f"{sorted(engines)})",
                 )
-            return data_parallel_rank
-        best = self._order[0]
-        best_score = math.inf
-        for rank in self._order:
-            score = self.engines[rank].score
-            if score < best_score:
-                best, best_score = rank, score
-        return best
+        return self.router.choose(request, [engines[r] for r in self._order], pinned)
 
-    def register(self, request_id: str, engine: int) -> RequestEntry:
+    def register(self, request_id: str, engine: int, ticket: Any = None) -> RequestEntry:
         if request_id in self.requests:
             raise DuplicateRequestIdError(request_id)
-        entry = RequestEntry(request_id, engine, self._new_mailbox())
+        entry = RequestEntry(request_id, engine, self._new_mailbox(), ticket)
         self.requests[request_id] = entry
-        self.engines[engine].in_flight += 1
+        load = self.engines[engine]
+        load.in_flight += 1
+        if load.waiting is not None:
+            # Until the engine's next stats, count the request as waiting there (vLLM's
+            # DPLBAsyncMPClient does the same between coordinator updates).
+            load.waiting += 1
         return entry
 
     def remove(self, request_id: str) -> RequestEntry | None:
@@ -95,6 +91,19 @@ class RequestRegistry:
         if load is not None:
             load.running = stats.num_running_reqs
             load.waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs
+            load.kv_cache_usage = stats.kv_cache_usage
+            if self.learns:
+                prefix = stats.raw.get("prefix_cache_stats")
+                if type(prefix) is dict and prefix.get("reset") is True:
+                    self.router.engine_reset(engine)
+
+    def note_prefill(self, entry: RequestEntry, prefill: PrefillStats) -> None:
+        """The first output of ``entry``'s request carried ``prefill``: tell the router
+        what its engine had cached (once per request)."""
+        ticket = entry.ticket
+        if ticket is not None:
+            entry.ticket = None
+            self.router.note_cached(entry.engine, ticket, prefill.num_cached_tokens)
 
 
 class UtilityWaiter:
