@@ -2,10 +2,10 @@
 
 The generation's scope lives inside the response's ``__call__`` (no async generator wraps
 it), in a task group with one more task that waits for the client's ``http.disconnect``:
-a disconnect cancels the group, and leaving the text stream's scope by cancellation aborts
-the engine request exactly once. Errors on entering (a bad field, an unhealthy client) are
-answered with OpenAI's error body; an error after the SSE stream started ends it with an
-error event and ``data: [DONE]``, so a client never hangs.
+a disconnect closes every text stream at once (aborting each engine request still running
+exactly once), stops all writing, and cancels the group. Errors on entering (a bad field,
+an unhealthy client) are answered with OpenAI's error body; an error after the SSE stream
+started ends it with an error event and ``data: [DONE]``, so a client never hangs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ..errors import GenoutError
 from ..text.client import TextClient
@@ -81,20 +81,36 @@ class TextResponse(Response):
         self._include_usage = include_usage
         self._started = False
         self._lock = anyio.Lock() if len(requests) > 1 else None
+        self._streams: list[TextStream] = []  # entered so far (the disconnect closes them)
+        self._disconnected = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_while_connected(message: Message) -> None:
+            if not self._disconnected:  # nothing more is written to a dead connection
+                await send(message)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._run(send)
+                await self._run(send_while_connected)
             finally:
                 tg.cancel_scope.cancel()
 
-    @staticmethod
-    async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        """On ``http.disconnect``: close every request now (each still running is aborted
+        once, synchronously), send nothing more, and cancel the response.
+
+        Closing here rather than leaving it to the cancellation: on asyncio, anyio delivers
+        a cancellation only when the task is not about to resume, and a relay that the
+        reader wakes before every delivery attempt (a backlog of outputs under load) ran on
+        to the engine's own finish, writing every event to the dead socket, with no ABORT.
+        """
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                self._disconnected = True
+                for stream in self._streams:
+                    stream.close()
                 scope.cancel()
                 return
 
@@ -139,8 +155,12 @@ class TextResponse(Response):
     async def _run(self, send: Send) -> None:
         try:
             async with AsyncExitStack() as scopes:
-                streams = [await scopes.enter_async_context(self._text.generate(request))
-                           for request in self._requests]
+                streams = self._streams
+                for request in self._requests:
+                    streams.append(await scopes.enter_async_context(
+                        self._text.generate(request)))
+                    if self._disconnected:
+                        streams[-1].close()
                 if not self._stream:
                     wholes: list[CollectedTextOutput | None] = [None] * len(streams)
 

@@ -3,6 +3,7 @@ engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from anyio_genout.transport import free_tcp_port
 from tests.support import wait_until
 from tests.text.client_support import TextSetup, text_client
 
-__all__ = ["MODEL", "Served", "served", "serving", "wait_for_health", "wait_until"]
+__all__ = ["MODEL", "Served", "open_sse", "served", "serving", "wait_for_health", "wait_until"]
 
 MODEL = "test-model"
 
@@ -60,6 +61,27 @@ def wait_for_health(base: str, child: subprocess.Popen[str]) -> None:
         assert child.poll() is None, child.communicate()
         assert time.monotonic() < deadline, "the server did not come up"
         time.sleep(0.05)
+
+
+async def open_sse(base_url: str, body: dict[str, Any], events: int = 3, *,
+                   path: str = "/v1/completions") -> anyio.abc.SocketStream:
+    """A raw TCP connection (no HTTP client library) that POSTed ``body`` to ``path`` and
+    received at least ``events`` SSE events (5 s at most); closing it is a real disconnect."""
+    data = json.dumps(body).encode()
+    port = int(base_url.rsplit(":", 1)[1])
+    conn = await anyio.connect_tcp("127.0.0.1", port)
+    try:
+        await conn.send(b"POST " + path.encode() + b" HTTP/1.1\r\nhost: x\r\n"
+                        b"content-type: application/json\r\ncontent-length: "
+                        + str(len(data)).encode() + b"\r\n\r\n" + data)
+        seen = b""
+        with anyio.fail_after(5):
+            while seen.count(b"data: ") < events:
+                seen += await conn.receive()
+    except BaseException:
+        await anyio.aclose_forcefully(conn)
+        raise
+    return conn
 
 
 @asynccontextmanager
