@@ -89,6 +89,14 @@ def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     model.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=True,
                        help="report cached prompt prefixes in the prefill stats")
+    model.add_argument("--prefix-cache-blocks", type=int, default=None, metavar="N",
+                       help="blocks the prefix cache keeps, least recently used evicted "
+                            "(default: the KV cache's, enough for every sequence at full "
+                            "length)")
+    model.add_argument("--prefill-time-per-token", type=float, default=0.0,
+                       metavar="SECONDS",
+                       help="with --step-time > 0: extra seconds a step takes per admitted "
+                            "prompt token not found cached (0: prefill is free)")
     model.add_argument("--log-stats", action=argparse.BooleanOptionalAction, default=True,
                        help="scheduler stats and events (--no-log-stats: like "
                             "--disable-log-stats)")
@@ -162,6 +170,8 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         seed=args.seed,
         corpus_token_ids=_corpus_file(args.corpus_token_ids),
         enable_prefix_caching=args.enable_prefix_caching,
+        prefix_cache_blocks=args.prefix_cache_blocks,
+        prefill_time_per_token=args.prefill_time_per_token,
         log_stats=args.log_stats,
         vllm_version=args.vllm_version,
         output_fields=args.output_fields,

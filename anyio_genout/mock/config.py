@@ -97,7 +97,12 @@ class MockEngineConfig:
       on it only if its sampling map carries ``_eos_token_id`` (as in vLLM).
     * ``num_speculative_tokens`` > 0: each step emits 1 to 1+k tokens per request.
     * ``enable_prefix_caching``: report cached prompt prefixes in whole blocks of
-      :data:`BLOCK_SIZE` tokens (``num_cached_tokens`` in prefill stats).
+      :data:`BLOCK_SIZE` tokens (``num_cached_tokens`` in prefill stats), from an LRU of
+      ``prefix_cache_blocks`` block hashes (default: ``gpu_blocks``; see
+      :mod:`.prefix_cache`).
+    * ``prefill_time_per_token``: with ``step_time`` > 0, a step that admits requests
+      lasts that many seconds longer per prompt token not found cached (0, the default:
+      prefill is free), so prefix-cache hits shorten time to first token as on a GPU.
     * ``seed``: seeds unseeded random sampling (greedy and seeded requests ignore it).
     * ``corpus_token_ids``: corpus mode (see :mod:`.tokens`): generated tokens continue this
       token sequence (a text encoded with the tokenizer of the front end) from a place the
@@ -143,6 +148,8 @@ class MockEngineConfig:
     enable_prefix_caching: bool = True
     block_size: int = attrs.field(default=BLOCK_SIZE, validator=_positive)
     num_gpu_blocks: int | None = attrs.field(default=None, validator=_positive)
+    prefix_cache_blocks: int | None = attrs.field(default=None, validator=_positive)
+    prefill_time_per_token: float = attrs.field(default=0.0, validator=_non_negative)
     dtype: str = "bfloat16"
     seed: int = 0
     corpus_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_corpus,
@@ -181,6 +188,14 @@ class MockEngineConfig:
     def identity(self) -> bytes:
         """The engine's ZeroMQ identity: its rank as 2 bytes little-endian."""
         return self.rank.to_bytes(2, "little")
+
+    @property
+    def prefix_cache_size(self) -> int:
+        """Blocks the prefix cache holds at most (``prefix_cache_blocks``, else
+        :attr:`gpu_blocks`)."""
+        if self.prefix_cache_blocks is not None:
+            return self.prefix_cache_blocks
+        return self.gpu_blocks
 
     @property
     def gpu_blocks(self) -> int:

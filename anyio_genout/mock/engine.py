@@ -354,7 +354,7 @@ class MockEngine:
                     if self._check_faults():
                         return
                     resolve_pauses()
-                    next_step = now + step_time
+                    next_step = now + step_time + sched.take_prefill_time()
                 if not paced:
                     unpaced_steps += 1
                     if unpaced_steps >= steps_per_checkpoint:

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
 from typing import Any, Final
 
 from ..protocol import AddRequest, EngineCoreEventType, EngineCoreFinishReason
 from .config import MockEngineConfig
+from .prefix_cache import PrefixCache
 from .request import Request, set_plain
 from .tokens import GREEDY_TEMPERATURE, stream_key
 from .wire import OutputWriter, pack
@@ -67,9 +68,10 @@ class Scheduler:
         self._writer = writer
         self._requests: dict[str, Request] = {}
         self._kv_tokens = 0
-        self._prefix_cache: OrderedDict[int, None] = OrderedDict()
-        self._pc_reset = False
-        self._pc_requests = self._pc_queries = self._pc_hits = 0
+        self._prefix_cache = PrefixCache(config.block_size, config.prefix_cache_size)
+        #: Prompt tokens computed (not found cached) by admissions since the last
+        #: :meth:`take_prefill_time` (what ``prefill_time_per_token`` charges for).
+        self.computed_prompt_tokens = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -220,29 +222,11 @@ class Scheduler:
         n = len(r.prompt)
         cached = created = 0
         if cfg.enable_prefix_caching:
-            bs = cfg.block_size
-            hashes = []
-            h = hash(("salt", r.cache_salt))
-            for i in range(n // bs):
-                h = hash((h, tuple(r.prompt[i * bs:(i + 1) * bs])))
-                hashes.append(h)
-            cache = self._prefix_cache
-            hits = 0
-            if r.prompt_logprobs is None:  # prompt logprobs skip reading the cache
-                for h in hashes[:(n - 1) // bs]:  # the last prompt token is always computed
-                    if h not in cache:
-                        break
-                    hits += 1
-            for h in hashes:
-                cache[h] = None
-                cache.move_to_end(h)
-            while len(cache) > cfg.gpu_blocks:
-                cache.popitem(last=False)
-            cached = hits * bs
-            created = max(0, len(hashes) * bs - cached)
-            self._pc_requests += 1
-            self._pc_queries += n
-            self._pc_hits += cached
+            # Prompt logprobs skip reading the cache.
+            cached = self._prefix_cache.lookup_and_insert(r.prompt, r.cache_salt,
+                                                          read=r.prompt_logprobs is None)
+            created = max(0, n // cfg.block_size * cfg.block_size - cached)
+        self.computed_prompt_tokens += n - cached
         return {
             "num_prompt_tokens": n, "num_computed_tokens": n - cached,
             "num_cached_tokens": cached, "num_local_cached_tokens": cached,
@@ -268,8 +252,13 @@ class Scheduler:
         return any(r.alive for r in self.running)
 
     def reset_prefix_cache(self) -> None:
-        self._prefix_cache.clear()
-        self._pc_reset = True
+        self._prefix_cache.reset()
+
+    def take_prefill_time(self) -> float:
+        """Seconds the prompt tokens computed since the last call cost
+        (``prefill_time_per_token`` each); 0 without that cost."""
+        tokens, self.computed_prompt_tokens = self.computed_prompt_tokens, 0
+        return tokens * self.config.prefill_time_per_token
 
     def preempt_last(self, now: float) -> None:
         """Preempt the newest running request (``preempt_every`` fault injection)."""
@@ -304,12 +293,4 @@ class Scheduler:
         """The prefix-cache stats since the last call (None with prefix caching off)."""
         if not self.config.enable_prefix_caching:
             return None
-        stats: dict[str, Any] = {
-            "reset": self._pc_reset, "requests": self._pc_requests,
-            "queries": self._pc_queries, "hits": self._pc_hits,
-            "preempted_requests": 0, "preempted_queries": 0, "preempted_hits": 0,
-            "hits_by_source": {},
-        }
-        self._pc_reset = False
-        self._pc_requests = self._pc_queries = self._pc_hits = 0
-        return stats
+        return self._prefix_cache.take_stats()
