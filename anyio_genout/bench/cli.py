@@ -5,6 +5,7 @@
     anyio-genout bench report [...]              # re-print a saved run (with vLLM figures)
     anyio-genout bench text [--model DIR] [...]  # the text layer's cost (and AsyncLLM's)
     anyio-genout bench server --model DIR [...]  # the OpenAI server vs vllm serve, vllm-rs
+    anyio-genout bench routing [...]             # prefix-aware vs load-only routing
 
 This module builds the parser (the measuring run is the command itself; ``vllm`` and
 ``report`` are its subcommands) and dispatches. The commands: :mod:`.run_cmd`,
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..cli.helpformat import HelpFormatter
-from . import report_cmd, run_cmd, server_cmd, text_cmd, vllm_cmd
+from . import report_cmd, routing_cmd, run_cmd, server_cmd, text_cmd, vllm_cmd
 from .run_cmd import plan
 from .vllm_cmd import plan_vllm
 
@@ -56,7 +57,8 @@ def _build(prog: str) -> tuple[argparse.ArgumentParser, dict[str, argparse.Argum
     commands = {"vllm": vllm_cmd.add_parser(subparsers),
                 "report": report_cmd.add_parser(subparsers),
                 "text": text_cmd.add_parser(subparsers),
-                "server": server_cmd.add_parser(subparsers)}
+                "server": server_cmd.add_parser(subparsers),
+                "routing": routing_cmd.add_parser(subparsers)}
     return parser, commands
 
 
