@@ -22,7 +22,8 @@ from anyio_genout.server import create_app
 from anyio_genout.text import CollectedTextOutput, TextRequest
 from tests.server.support import serving
 
-from .conftest import INTEROP_TIMEOUT, unique_id
+from .conftest import GREEDY_16, INTEROP_TIMEOUT, unique_id
+from .conftest import PROMPT as PROMPT_IDS
 from .test_text_real import PROMPT, Served, generate_text, pick_stop, served, text, text_model
 
 __all__ = ["served", "text", "text_model"]  # the fixtures this module reuses
@@ -99,6 +100,25 @@ async def test_whole_and_streamed_completions_agree_and_count_tokens(
     reference = await _reference(text, MAX_TOKENS)
     assert choice.text == reference.text == tokenizer.decode(reference.token_ids)
     assert len(reference.token_ids) == MAX_TOKENS
+    await _idle(text)
+
+
+async def test_greedy_completions_are_the_same_on_every_run(
+        api: openai.AsyncOpenAI, text: Served) -> None:
+    """Two requests of the prompt's token ids give the model's known greedy tokens (the
+    interop tests' recorded run, so on every engine start too), whole and streamed; the
+    ``--workers 2`` test (test_server_workers_real) expects the same text."""
+    expected = text.text.tokenizer.decode(list(GREEDY_16))
+    answers = []
+    for _ in range(2):
+        whole = await api.completions.create(model=MODEL, prompt=list(PROMPT_IDS),
+                                             max_tokens=len(GREEDY_16), temperature=0.0)
+        answers.append(whole.choices[0].text)
+        async with await api.completions.create(
+                model=MODEL, prompt=list(PROMPT_IDS), max_tokens=len(GREEDY_16),
+                temperature=0.0, stream=True) as stream:
+            answers.append("".join([c.choices[0].text async for c in stream if c.choices]))
+    assert answers == [expected] * 4
     await _idle(text)
 
 

@@ -26,10 +26,10 @@ import logging
 import re
 import signal
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import AsyncExitStack, aclosing
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from anyio_genout.text import Tokenizer
 from anyio_genout.vllm import VllmEngines, spawn_vllm_engines
 from tests.cli.support import Output, cli_process, running
+from tests.server.support import open_sse
 
 from .conftest import GREEDY_16, INTEROP_TIMEOUT, RealVllm, free_port
 from .conftest import PROMPT as PROMPT_IDS
@@ -53,8 +54,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(INTEROP_TIMEOUT)]
 MODEL = "tiny"
 #: Connections pinned to each worker (test_both_workers_stream... streams on all at once).
 PER_WORKER = 3
-#: Long enough that the streams of one test overlap, short enough to stay within seconds.
-STREAM_TOKENS = 128
+#: Long enough that six streams overlap (the tiny model makes a step in about a
+#: millisecond), and within max_model_len (512) with the prompt.
+STREAM_TOKENS = 480
 SERVING = re.compile(r"serving 'tiny' on (http://\S+) with 2 workers")
 
 _log = logging.getLogger("tests.interop")
@@ -218,33 +220,39 @@ async def test_greedy_text_is_the_same_on_both_workers_and_every_run(
     assert texts["text"][0].strip() and texts["text"] == [texts["text"][0]] * 4, texts
 
 
-async def test_a_stream_dropped_mid_way_is_aborted_once_and_the_engine_is_free(
+async def test_streams_dropped_mid_way_are_aborted_once_each_and_the_engine_is_free(
         cluster: Cluster, pinned: dict[int, list[httpx.AsyncClient]]) -> None:
-    """On each worker in turn: hang up after a few events of a long stream."""
+    """Hang up (a raw socket closed) after a few events of long streams, until each worker
+    had one: each worker counts one abort per stream it lost, nothing finishes otherwise."""
+    before = {pid: await _finished(cluster, pid, clients[0])
+              for pid, clients in pinned.items()}
+    dropped = dict.fromkeys(cluster.workers, 0)
+    body = _completion(PROMPT, 480, ignore_eos=True, stream=True)
+    for _ in range(40):
+        conn = await open_sse(cluster.base, body, events=3)
+        owner = cluster.owner(conn.extra(anyio.abc.SocketAttribute.local_port))
+        await conn.aclose()
+        assert owner is not None
+        dropped[owner] += 1
+        if all(dropped.values()):
+            break
+    assert all(dropped.values()), dropped
+
+    async def moved() -> dict[int, dict[str, float]]:
+        now = {pid: await _finished(cluster, pid, clients[0])
+               for pid, clients in pinned.items()}
+        return {pid: {reason: now[pid][reason] - before[pid][reason] for reason in now[pid]}
+                for pid in now}
+
+    expected = {pid: {"abort": float(count), "stop": 0.0, "length": 0.0, "error": 0.0}
+                for pid, count in dropped.items()}
+    with anyio.move_on_after(10):
+        while await moved() != expected:  # noqa: ASYNC110 - polling the workers' counters
+            await anyio.sleep(0.05)
+    await anyio.sleep(0.5)  # time for a second count, if there were one
+    assert await moved() == expected, cluster.output.err[-3000:]
+    # The engine is free: a new request on each worker completes at once.
     for pid, clients in pinned.items():
-        before = {p: await _finished(cluster, p, c[0]) for p, c in pinned.items()}
-        body = _completion(PROMPT, 480, ignore_eos=True, stream=True)
-        dropping = clients[-1]  # its connection closes with the stream
-        async with dropping.stream("POST", "/v1/completions", json=body) as response:
-            assert _on(cluster, pid, response).status_code == 200
-            events = 0
-            async with aclosing(cast("AsyncGenerator[str, None]",
-                                      response.aiter_lines())) as lines:
-                async for line in lines:
-                    events += line.startswith("data: ")
-                    if events == 3:
-                        break
-        with anyio.fail_after(10):
-            while (await _finished(cluster, pid, clients[0]))[  # noqa: ASYNC110 - a counter
-                    "abort"] == before[pid]["abort"]:
-                await anyio.sleep(0.05)
-        await anyio.sleep(0.5)  # time for a second count, if there were one
-        for p, c in pinned.items():
-            after = await _finished(cluster, p, c[0])
-            moved = {reason: after[reason] - before[p][reason] for reason in after}
-            assert moved == {"abort": 1.0 if p == pid else 0.0, "stop": 0.0, "length": 0.0,
-                             "error": 0.0}, (pid, p, moved)
-        # The engine is free: a new request on the same worker completes at once.
         with anyio.fail_after(30):
             response = _on(cluster, pid, await clients[0].post(
                 "/v1/completions", json=_completion(list(PROMPT_IDS), len(GREEDY_16))))
