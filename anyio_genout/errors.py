@@ -24,6 +24,8 @@ This module imports nothing but the standard library, so the sans-IO protocol co
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 __all__ = [
     "ChatTemplateError",
     "ModelFolderError",
@@ -170,7 +172,17 @@ class TransportError(ClientUnhealthyError):
 
 
 class EngineDeadError(ClientUnhealthyError):
-    """Sticky: an engine died or became unreachable."""
+    """Sticky: an engine died or became unreachable.
+
+    ``ranks``: the data-parallel ranks of the engines that died, when known (else None).
+    With ``EngineCoreClientConfig(engine_failure="engine")`` (the default) it fails only the
+    requests and calls of those engines while another engine lives; it makes the client
+    unhealthy when the last engine dies (see docs/reliability.md).
+    """
+
+    def __init__(self, *args: object, ranks: Iterable[int] | None = None) -> None:
+        super().__init__(*args)
+        self.ranks: tuple[int, ...] | None = None if ranks is None else tuple(ranks)
 
 
 class ClientClosedError(ClientUnhealthyError):
@@ -192,12 +204,22 @@ class RequestStreamClosedError(IncompleteStreamError):
 
 
 class UtilityCallError(OperationalError):
-    """An engine answered a utility call with a failure message; the client stays healthy."""
+    """An engine answered a utility call with a failure message, or (with several engines)
+    an engine died while the call waited for it; the client stays healthy.
 
-    def __init__(self, method: str, message: str) -> None:
+    ``failures`` maps the rank of each engine that failed to why (its failure message, or
+    its death); ``results`` maps the rank of each engine that answered to its result. Both
+    are empty when the error was not made by a call to several engines.
+    """
+
+    def __init__(self, method: str, message: str, *,
+                 failures: Mapping[int, str] | None = None,
+                 results: Mapping[int, object] | None = None) -> None:
         super().__init__(f"utility call {method!r} failed: {message}")
         self.method = method
         self.message = message
+        self.failures: dict[int, str] = dict(failures or {})
+        self.results: dict[int, object] = dict(results or {})
 
 
 class InconsistentUtilityResultsError(OperationalError):

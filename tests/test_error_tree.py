@@ -196,6 +196,9 @@ async def test_a_sticky_error_fails_every_stream_and_every_later_call(case: str)
                 assert type(info.value) is expected
         assert not client.engine.is_healthy
         assert isinstance(client.engine.health_error, expected)
+        if expected is ProtocolError:  # the engine lives: the failed requests are aborted
+            abort = await engine.receive_abort()
+            assert sorted(r.rsplit("-", 1)[0] for r in abort.request_ids) == ["one", "two"]
         # Every later call raises it at once, before anything is sent.
         with pytest.raises(expected):
             async with client.generate(request("later")):

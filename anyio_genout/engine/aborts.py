@@ -84,6 +84,12 @@ class AbortQueue:
         """Forget every pending ABORT (the client became unhealthy)."""
         self._pending.clear()
 
+    def forget_engine(self, engine: int) -> None:
+        """Forget the pending ABORTs for ``engine``: it died, and a dead engine is sent
+        nothing (its requests died with it)."""
+        for rid in [rid for rid, e in self._pending.items() if e == engine]:
+            del self._pending[rid]
+
     def close(self) -> None:
         """No more aborts: the worker ends (both ends of its queue close)."""
         self._send.close()

@@ -33,6 +33,8 @@ import attrs
 from ..errors import (
     ClientClosedError,
     ClientUnhealthyError,
+    EngineDeadError,
+    TransportError,
 )
 from ..protocol import (
     EngineCoreFinishReason,
@@ -55,7 +57,10 @@ from .utility import UtilityCalls
 from .utility_calls import PendingCalls, copy_error
 from .watchers import EngineWatch
 
-__all__ = ["EngineCoreClient"]
+__all__ = ["EngineCoreClient", "HealthListener"]
+
+#: Called with ``(rank, up)`` when an engine goes down (``up`` False) or comes back.
+HealthListener = Callable[[int, bool], None]
 
 logger = logging.getLogger("anyio_genout.engine")
 
@@ -88,16 +93,17 @@ class EngineCoreClient(UtilityCalls):
             imbalance_threshold=config.prefix_imbalance_threshold,
             memory_blocks=config.prefix_memory_blocks))
         self._error: ClientUnhealthyError | None = None
+        self._health_listeners: list[HealthListener] = []
         self._calls = PendingCalls(config.client_index, self._send_input,
-                                   self._raise_if_unhealthy)
+                                   self._raise_if_unhealthy, self._down_error)
         self._aborts = AbortQueue(self._send_input, lambda: self._error is None)
         self._max_model_len = min(r.max_model_len for r in self._ready.values())
         monitors = {"output": sockets.output_monitor, "input": sockets.input_monitor}
         self._watch = EngineWatch(
-            config, self._ranks,
+            config, self._registry.live,
             {name: monitor for name, monitor in monitors.items() if monitor is not None},
             self._calls, self.fail, lambda: self._error is None,
-            lambda: len(self._registry.requests))
+            lambda: len(self._registry.requests), self.fail_engines)
         self._reader = OutputReader(sockets.output, self._registry, self._calls, self._watch,
                                     self.fail)
 
@@ -167,6 +173,37 @@ class EngineCoreClient(UtilityCalls):
     def health_error(self) -> ClientUnhealthyError | None:
         """The first error that made the client unhealthy (sticky), or None."""
         return self._error
+
+    @property
+    def live_engines(self) -> list[int]:
+        """Ranks of the engines up, in engine order: the ones new requests go to (empty
+        once the client is unhealthy). With ``engine_failure="engine"`` an engine found
+        dead leaves it at once."""
+        if self._error is not None:
+            return []
+        live = self._registry.live
+        return [rank for rank in self._ranks if rank in live]
+
+    @property
+    def engine_health(self) -> dict[int, EngineDeadError | None]:
+        """Every connected engine's rank, in engine order, with why it is down (the
+        :class:`~anyio_genout.EngineDeadError` that took it out) or None while it is up.
+        Once the client is unhealthy, the engines not known dead get its health error."""
+        down = self._registry.down
+        error = self._error
+        health: dict[int, EngineDeadError | None] = {}
+        for rank in self._ranks:
+            why = down.get(rank)
+            if why is None and error is not None:
+                why = (error if isinstance(error, EngineDeadError)
+                       else EngineDeadError(f"the client is unhealthy: {error}"))
+            health[rank] = why
+        return health
+
+    def add_health_listener(self, listener: HealthListener) -> None:
+        """Call ``listener(rank, up)`` (synchronously) when an engine goes down, and for
+        every engine still up when the client becomes unhealthy or closes (``up`` False)."""
+        self._health_listeners.append(listener)
 
     @property
     def in_flight(self) -> int:
@@ -378,28 +415,94 @@ class EngineCoreClient(UtilityCalls):
     # ------------------------------------------------------------------ health
 
     def fail(self, error: ClientUnhealthyError) -> None:
-        """Mark the client unhealthy with ``error`` (the first error sticks).
+        """Mark the client unhealthy with ``error`` (the first error sticks), or, for an
+        :class:`~anyio_genout.EngineDeadError` that names its engines (``error.ranks``)
+        with ``engine_failure="engine"``, only those engines (:meth:`fail_engines`).
 
         Every open stream receives the error once, every waiting utility call fails with it,
-        and every later call fails with it at once. Used by the reader and by process
-        watchers (e.g. the managed vLLM engine); synchronous and idempotent.
+        and every later call fails with it at once. The requests it ends are aborted on the
+        engines still alive (not on a dead one, nor after a transport failure). Used by the
+        reader and by process watchers (e.g. the managed vLLM engine: ``on_exit``);
+        synchronous and idempotent.
+        """
+        if (isinstance(error, EngineDeadError) and error.ranks
+                and self._config.engine_failure == "engine"):
+            self.fail_engines(error.ranks, error)
+        else:
+            self._fail_client(error)
+
+    def fail_engines(self, ranks: Sequence[int], error: EngineDeadError) -> None:
+        """Engines ``ranks`` died with ``error`` (synchronous, idempotent).
+
+        With ``engine_failure="engine"``, while another engine lives: each leaves the
+        routing set at once (a request pinned to it fails at once), its open streams and
+        its share of waiting utility calls get the error once (an error naming it), no
+        ABORT is sent to it, and the client stays healthy. Otherwise (the ``"client"``
+        policy, or no engine left) the whole client fails with ``error``, as :meth:`fail`.
         """
         if self._error is not None:
             return
+        registry = self._registry
+        dead = [rank for rank in dict.fromkeys(ranks) if rank in registry.live]
+        if not dead:
+            return
+        if error.ranks is None:
+            error.ranks = tuple(dead)
+        if self._config.engine_failure == "client" or registry.live <= set(dead):
+            self._fail_client(error)
+            return
+        for rank in dead:
+            entries = registry.mark_down(rank, error)
+            self._aborts.forget_engine(rank)
+            self._calls.fail_engine(rank, error)
+            for entry in entries:
+                entry.box.put_error(copy_error(error))
+                entry.box.close()
+            logger.error("engine %d is down, %d request(s) failed with it (engines up: %s): "
+                         "%s", rank, len(entries), self.live_engines, error)
+            self._tell_health(rank, False)
+
+    def _fail_client(self, error: ClientUnhealthyError) -> None:
+        if self._error is not None:
+            return
+        registry = self._registry
+        requests = registry.requests
+        if not isinstance(error, (ClientClosedError, TransportError)):
+            # The engines still alive would run the failed requests on for nobody: ABORT
+            # them there (never on a dead engine; if which one died is unknown, nowhere).
+            alive = set(registry.live)
+            if isinstance(error, EngineDeadError):
+                alive = alive - set(error.ranks) if error.ranks is not None else set()
+            for rank in registry.live - alive:
+                self._aborts.forget_engine(rank)
+            self._aborts.abort_all((rid, entry.engine) for rid, entry in requests.items()
+                                   if entry.engine in alive)
         self._error = error
         self._reader.stop()
         if isinstance(error, ClientClosedError):
             logger.debug("engine-core client closed")
         else:
             logger.error("engine-core client is unhealthy: %s", error)
-        requests = self._registry.requests
         for entry in list(requests.values()):
             entry.box.put_error(copy_error(error))
             entry.box.close()
         for rid in list(requests):
-            self._registry.remove(rid)
+            registry.remove(rid)
         self._calls.fail(error)
         self._aborts.clear()
+        for rank in sorted(registry.live):
+            self._tell_health(rank, False)
+
+    def _tell_health(self, rank: int, up: bool) -> None:
+        for listener in list(self._health_listeners):
+            try:
+                listener(rank, up)
+            except Exception:
+                logger.exception("health listener %r failed", listener)
+
+    def _down_error(self, rank: int) -> EngineDeadError | None:
+        """Why engine ``rank`` is down, or None while it is up."""
+        return self._registry.down.get(rank) if rank not in self._registry.live else None
 
     def _raise_if_unhealthy(self) -> None:
         if self._error is not None:
@@ -408,14 +511,18 @@ class EngineCoreClient(UtilityCalls):
     # ------------------------------------------------------------------ utility calls
 
     async def call_utility(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method(*args)`` on every engine; returns the results in engine order.
+        """Call ``method(*args)`` on every engine up (:attr:`live_engines`, all of them
+        unless one died); returns their results in engine order.
 
         Waits for every engine's reply. Cancelling the caller unregisters its waiters.
 
         Raises:
-            UtilityCallError: an engine's method failed (raised after all have answered).
+            UtilityCallError: an engine's method failed, or one of the engines died while
+                the call waited (raised after all the others have answered; its
+                ``failures`` maps each failed engine's rank to why, ``results`` each other
+                engine's rank to its result).
             ClientUnhealthyError: the client's sticky health error, at once or when it
                 turns unhealthy while the call waits (:class:`EngineDeadError`,
                 :class:`ClientClosedError`, ...).
         """
-        return await self._calls.call(self._ranks, method, args)
+        return await self._calls.call(self.live_engines, method, args)

@@ -141,6 +141,13 @@ class EngineCoreClientConfig:
       hung or deaf). A utility call is answered between two engine steps, so the timeout
       must exceed the longest step and the longest utility call; ``None`` turns it off.
 
+    ``engine_failure``: what one engine's death fails. ``"engine"`` (the default, right for
+    independent data-parallel engines): only that engine's requests and utility calls, each
+    with an :class:`~anyio_genout.EngineDeadError` naming it; it leaves the routing set and
+    the client stays healthy while another engine lives. ``"client"``: the whole client
+    (every request, every engine), for a data-parallel group whose engines must step
+    together. Either way the last engine's death makes the client unhealthy.
+
     Routing (docs/routing.md), for requests without a ``data_parallel_rank``: ``routing``
     ``"load"`` (default) sends each to the least-loaded engine by vLLM's score (KV-usage
     penalty included); ``"prefix"`` to the engine expected to hold the longest cached prefix
@@ -171,6 +178,8 @@ class EngineCoreClientConfig:
     heartbeat_interval: float | None = 1.0
     heartbeat_timeout: float = attrs.field(default=3.0, validator=_positive)
     check_version: bool = True
+    engine_failure: Literal["engine", "client"] = attrs.field(
+        default="engine", validator=attrs.validators.in_(("engine", "client")))
     routing: Literal["load", "prefix"] = attrs.field(default="load", validator=_routing_mode)
     prefix_imbalance_threshold: float = attrs.field(default=DEFAULT_IMBALANCE_THRESHOLD,
                                                     validator=_non_negative)

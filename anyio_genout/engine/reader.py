@@ -114,28 +114,42 @@ class OutputReader:
         except ProtocolError as exc:
             self._fail(exc)
             return
+        watch = self._watch
         if type(message) is tuple:
+            if watch.learning:  # which connection this engine's messages come on
+                watch.learn(message[0], frames[0])
             self._dispatch_batch(*message)
         elif type(message) is RequestBatch:  # outputs that carry wave fields as well
             m = message.message
+            if watch.learning:
+                watch.learn(m.engine_index, frames[0])
             self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
                                  m.finished_requests)
         elif type(message) is UtilityReply:
             calls = self._calls
-            probed = calls.probe_engine(message.reply.call_id)
+            call_id = message.reply.call_id
+            probed = calls.probe_engine(call_id)
             if probed is not None:
-                self._watch.note_answer(probed, frames[0])
+                watch.note_answer(probed, frames[0])
+            if watch.learning:
+                engine = calls.engine_of(call_id)
+                if engine is not None:
+                    watch.learn(engine, frames[0])
             calls.resolve(message.reply)
         elif type(message) is EngineDead:
-            self._fail(EngineDeadError(self._engine_core_dead_message()))
+            # The sentinel names no engine: the connection it came on does.
+            rank = watch.engine_of(frames[0])
+            self._fail(EngineDeadError(self._engine_core_dead_message(rank),
+                                       ranks=None if rank is None else (rank,)))
         else:
             assert isinstance(message, DpControl)
             self._fail(ProtocolError(
                 "EngineCoreOutputs: data-parallel wave control arrived on the main output "
                 "socket (this client runs no DP coordinator)"))
 
-    def _engine_core_dead_message(self) -> str:
-        """"an engine core sent ENGINE_CORE_DEAD", with what the explainers know."""
+    def _engine_core_dead_message(self, rank: int | None) -> str:
+        """"an engine core sent ENGINE_CORE_DEAD", naming the engine (``rank``, if known),
+        with what the explainers know."""
         reasons: list[str] = []
         for explain in list(self.death_explainers):
             try:
@@ -146,6 +160,8 @@ class OutputReader:
             if text:
                 reasons.append(text)
         message = "an engine core sent ENGINE_CORE_DEAD"
+        if rank is not None and not any(f"engine {rank} (" in text for text in reasons):
+            message = f"{message} (engine {rank})"  # unless an explainer names it already
         return f"{message}: {'; '.join(reasons)}" if reasons else message
 
     def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],

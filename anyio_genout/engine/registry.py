@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from ..errors import DuplicateRequestIdError, InvalidRequestError
+from ..errors import DuplicateRequestIdError, EngineDeadError, InvalidRequestError
 from ..protocol import EngineCoreRequest, PrefillStats, SchedulerStats
 from .mailbox import OutputMailbox, mailbox_factory
 from .routing import EngineLoad, LoadRouter, Router
@@ -34,13 +34,21 @@ class RequestEntry:
 
 
 class RequestRegistry:
-    """Live requests by id, plus per-engine load for routing."""
+    """Live requests by id, plus per-engine load and health for routing.
+
+    ``live`` is the set of engines up (routing picks among them only); :meth:`mark_down`
+    takes one out, with its requests, and :meth:`mark_up` puts it back.
+    """
 
     def __init__(self, ranks: Iterable[int], router: Router | None = None) -> None:
         # The running backend's mailbox class, looked up once (in the event loop).
         self._new_mailbox: Callable[[], OutputMailbox] = mailbox_factory()
         self.requests: dict[str, RequestEntry] = {}
         self.engines: dict[int, EngineLoad] = {rank: EngineLoad(rank) for rank in ranks}
+        #: The engines up, the only ones routing picks (see :meth:`mark_down`).
+        self.live: set[int] = set(self.engines)
+        #: Why each engine down is down.
+        self.down: dict[int, EngineDeadError] = {}
         # Tie order: the engines' 2-byte identities compared bytewise.
         self._order = sorted(self.engines, key=lambda r: r.to_bytes(2, "little"))
         self.router: Router = LoadRouter() if router is None else router
@@ -53,7 +61,8 @@ class RequestRegistry:
         engines in tie order.
 
         Raises :class:`InvalidRequestError` naming ``data_parallel_rank`` if no connected
-        engine has that rank."""
+        engine has that rank, and :class:`EngineDeadError` (naming the rank and why) if
+        that engine is down, or if none is up."""
         rank = request.data_parallel_rank
         engines = self.engines
         pinned = None
@@ -65,7 +74,43 @@ class RequestRegistry:
                     f"no connected engine has rank {rank} (connected ranks: "
                     f"{sorted(engines)})",
                 )
-        return self.router.choose(request, [engines[r] for r in self._order], pinned)
+        live = self.live
+        if rank is not None and rank not in live:
+            raise self.down_error(rank)
+        if not live:
+            raise EngineDeadError("every engine is down", ranks=sorted(engines))
+        return self.router.choose(request, [engines[r] for r in self._order if r in live],
+                                  pinned)
+
+    def down_error(self, rank: int) -> EngineDeadError:
+        """The error for a request pinned (``data_parallel_rank``) to a down engine."""
+        error = self.down.get(rank)
+        why = f": {error}" if error is not None else ""
+        return EngineDeadError(f"data_parallel_rank={rank}: engine {rank} is down{why}",
+                               ranks=(rank,))
+
+    def mark_down(self, rank: int, error: EngineDeadError) -> list[RequestEntry]:
+        """Take engine ``rank`` out of routing (``error`` says why); removes its live
+        requests and returns them (the caller fails them). Idempotent: a second call
+        returns nothing and keeps the first error."""
+        load = self.engines.get(rank)
+        if load is None or rank not in self.live:
+            return []
+        self.live.discard(rank)
+        self.down[rank] = error
+        load.running = load.waiting = None
+        mine = [entry for entry in self.requests.values() if entry.engine == rank]
+        for entry in mine:
+            del self.requests[entry.request_id]
+        load.in_flight = 0
+        self.router.engine_reset(rank)  # its prefix cache went with it
+        return mine
+
+    def mark_up(self, rank: int) -> None:
+        """Put engine ``rank`` back into routing (it came back, its cache empty)."""
+        if rank in self.engines:
+            self.down.pop(rank, None)
+            self.live.add(rank)
 
     def register(self, request_id: str, engine: int, ticket: Any = None) -> RequestEntry:
         if request_id in self.requests:
@@ -109,11 +154,12 @@ class RequestRegistry:
 class UtilityWaiter:
     """One engine's pending reply to a utility call."""
 
-    __slots__ = ("done", "engine", "error", "failure", "result")
+    __slots__ = ("dead", "done", "engine", "error", "failure", "result")
 
     def __init__(self, engine: int) -> None:
         self.engine = engine
         self.done = anyio.Event()
         self.result: Any = None
         self.failure: str | None = None
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the client failed
+        self.dead: EngineDeadError | None = None  # this engine died (the client lives)

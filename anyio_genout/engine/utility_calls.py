@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ..errors import UtilityCallError
+from ..errors import EngineDeadError, UtilityCallError
 from ..protocol import UtilityOutput, encode_utility
 from .registry import UtilityWaiter
 
@@ -30,6 +30,7 @@ def copy_error(error: BaseException) -> BaseException:
         copy = type(error)(str(error))
     except Exception:
         return error
+    copy.__dict__.update(error.__dict__)  # e.g. EngineDeadError.ranks
     copy.__cause__ = error
     return copy
 
@@ -37,15 +38,20 @@ def copy_error(error: BaseException) -> BaseException:
 class PendingCalls:
     """Each engine's pending replies, by call id; the client's own probes kept apart."""
 
-    __slots__ = ("_check_healthy", "_client_index", "_ids", "_internal", "_send", "_waiters")
+    __slots__ = ("_check_healthy", "_client_index", "_down_error", "_ids", "_internal",
+                 "_send", "_waiters")
 
     def __init__(self, client_index: int, send: Callable[[int, list[bytes]], None],
-                 check_healthy: Callable[[], None]) -> None:
+                 check_healthy: Callable[[], None],
+                 down_error: Callable[[int], EngineDeadError | None] = lambda rank: None
+                 ) -> None:
         """``send(rank, frames)`` queues a message for an engine; ``check_healthy()`` raises
-        the client's sticky error."""
+        the client's sticky error; ``down_error(rank)`` is why an engine is down (None while
+        it is up): a call to it is not sent, and ends as if it had died meanwhile."""
         self._client_index = client_index
         self._send = send
         self._check_healthy = check_healthy
+        self._down_error = down_error
         self._ids = itertools.count(1)
         self._waiters: dict[int, UtilityWaiter] = {}
         self._internal: set[int] = set()  # call ids of the client's own probes
@@ -66,7 +72,9 @@ class PendingCalls:
         ``internal``: the client's own probe, not counted as work in flight. Raises the
         client's sticky error (before sending, or when it fails meanwhile),
         :class:`~anyio_genout.UtilityCallError` once every engine answered if one answered
-        with a failure, and :class:`~anyio_genout.TransportError` if sending failed.
+        with a failure or one of several died meanwhile (its ``failures`` and ``results``
+        say which), the engine's :class:`~anyio_genout.EngineDeadError` if every engine of
+        the call died, and :class:`~anyio_genout.TransportError` if sending failed.
         Cancelling the caller unregisters its waiters.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -77,32 +85,60 @@ class PendingCalls:
                 call_id = next(self._ids)
                 waiter = UtilityWaiter(rank)
                 waiters[call_id] = waiter
+                down = self._down_error(rank)
+                if down is not None:
+                    waiter.dead = down
+                    continue
                 self._waiters[call_id] = waiter
                 if internal:
                     self._internal.add(call_id)
                 self._send(rank, encode_utility(self._client_index, call_id, method, args))
             for waiter in waiters.values():
-                await waiter.done.wait()
+                if waiter.dead is None:
+                    await waiter.done.wait()
         finally:
             for call_id in waiters:
                 self._waiters.pop(call_id, None)
                 self._internal.discard(call_id)
         results = []
+        answers: dict[int, Any] = {}
+        failures: dict[int, str] = {}
         failure: str | None = None
+        deaths: list[EngineDeadError] = []
         for waiter in waiters.values():
             if waiter.error is not None:
                 raise copy_error(waiter.error)
-            if waiter.failure is not None and failure is None:
-                failure = waiter.failure
+            if waiter.dead is not None:
+                deaths.append(waiter.dead)
+                failures[waiter.engine] = f"engine {waiter.engine} died: {waiter.dead}"
+                continue
+            if waiter.failure is not None:
+                failures[waiter.engine] = waiter.failure
+                if failure is None:
+                    failure = waiter.failure
+            else:
+                answers[waiter.engine] = waiter.result
             results.append(waiter.result)
+        if deaths and len(deaths) == len(waiters):
+            raise copy_error(deaths[0])  # no engine of the call is left to answer
+        if deaths:
+            answered = ", ".join(map(str, sorted(answers))) or "none"
+            raise UtilityCallError(
+                method, f"{'; '.join(failures[r] for r in sorted(failures))} (engines that "
+                f"answered: {answered})", failures=failures, results=answers)
         if failure is not None:
-            raise UtilityCallError(method, failure)
+            raise UtilityCallError(method, failure, failures=failures, results=answers)
         return results
 
     def probe_engine(self, call_id: int) -> int | None:
         """The engine a probe of the client's own with this call id waits on, else None."""
         if call_id not in self._internal:
             return None
+        waiter = self._waiters.get(call_id)
+        return None if waiter is None else waiter.engine
+
+    def engine_of(self, call_id: int) -> int | None:
+        """The engine whose reply the call with this id waits for, else None."""
         waiter = self._waiters.get(call_id)
         return None if waiter is None else waiter.engine
 
@@ -115,6 +151,16 @@ class PendingCalls:
         waiter.failure = output.failure_message
         waiter.result = output.result
         waiter.done.set()
+
+    def fail_engine(self, rank: int, error: EngineDeadError) -> None:
+        """Engine ``rank`` died (the client lives): its waiters end with ``error`` (a call
+        to several engines raises once the others answered)."""
+        for call_id, waiter in list(self._waiters.items()):
+            if waiter.engine == rank:
+                waiter.dead = error
+                waiter.done.set()
+                del self._waiters[call_id]
+                self._internal.discard(call_id)
 
     def fail(self, error: BaseException) -> None:
         """Every waiting call fails with ``error``."""

@@ -10,14 +10,17 @@
 * The **liveness** task pings every engine with a utility call and finds an engine that is
   connected but hung or deaf.
 
-Both end by failing the client (the ``fail`` callable it hands over); see
-docs/reliability.md.
+Both end by failing the engines found dead (the ``fail_engines`` callable the client hands
+over: only those engines, or the whole client, as ``engine_failure`` says), or the whole
+client (``fail``) when messages were lost; see docs/reliability.md. The watch also keeps
+which output connection (descriptor) each engine's messages come on, to tell which engine
+sent an ``ENGINE_CORE_DEAD`` (:meth:`EngineWatch.engine_of`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -47,15 +50,19 @@ _HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 class EngineWatch:
     """The watchers, prober and liveness check of one engine client."""
 
-    def __init__(self, config: EngineCoreClientConfig, ranks: Sequence[int],
+    def __init__(self, config: EngineCoreClientConfig, live: Collection[int],
                  monitors: dict[str, ZmqSocket], calls: PendingCalls,
                  fail: Callable[[ClientUnhealthyError], None], healthy: Callable[[], bool],
-                 open_requests: Callable[[], int]) -> None:
-        """``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors; ``fail``
-        makes the client unhealthy, ``healthy()`` tells whether it still is,
-        ``open_requests()`` counts its requests in flight."""
+                 open_requests: Callable[[], int],
+                 fail_engines: Callable[[Sequence[int], EngineDeadError], None]) -> None:
+        """``live``: the ranks of the engines up (the client's set, kept current by it);
+        ``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors; ``fail`` makes
+        the client unhealthy, ``fail_engines(ranks, error)`` reports engines found dead,
+        ``healthy()`` tells whether the client is still healthy, ``open_requests()`` counts
+        its requests in flight."""
         self._config = config
-        self._ranks = list(ranks)
+        self._live = live
+        self._fail_engines = fail_engines
         self._monitors = dict(monitors)
         self._calls = calls
         self._fail = fail
@@ -70,6 +77,10 @@ class EngineWatch:
         self._drop_seen = anyio.Event()  # set by the watchers, for the prober
         self._input_connected = anyio.Event()  # set (and replaced) on every new connection
         self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
+        # Output connection descriptor -> the engine whose messages came on it; ``learning``
+        # while an engine up has no known connection (the reader then calls learn()).
+        self._fd_engine: dict[int, int] = {}
+        self.learning = True
 
     @property
     def output_disconnects(self) -> int:
@@ -82,6 +93,36 @@ class EngineWatch:
             self._answered_on[engine] = frame.get(zmq.SRCFD)
         except (AttributeError, zmq.ZMQError):  # not a zmq.Frame: unknown, so "came back"
             self._answered_on.pop(engine, None)
+
+    def learn(self, engine: int, frame: Any) -> None:
+        """``engine`` sent the message whose first frame is ``frame``: remember the output
+        connection it came on (the reader calls this while :attr:`learning`)."""
+        try:
+            fd = frame.get(zmq.SRCFD)
+        except (AttributeError, zmq.ZMQError):  # not a zmq.Frame (in-process): no sources
+            self.learning = False
+            return
+        self._fd_engine[fd] = engine
+        if all(rank in self._fd_engine.values() for rank in self._live):
+            self.learning = False
+
+    def engine_of(self, frame: Any) -> int | None:
+        """The engine that sent the message whose first frame is ``frame`` (e.g. an
+        ``ENGINE_CORE_DEAD``, which names none): the one seen on that connection before, or
+        else the only engine up whose connection is not known; None if it cannot be told."""
+        try:
+            fd = frame.get(zmq.SRCFD)
+        except (AttributeError, zmq.ZMQError):
+            fd = None
+        rank = self._fd_engine.get(fd) if fd is not None else None
+        if rank is not None:
+            return rank
+        unknown = [r for r in self._live if r not in self._fd_engine.values()]
+        if fd is not None and len(unknown) == 1:
+            return unknown[0]
+        if len(self._live) == 1:
+            return next(iter(self._live))
+        return None
 
     def _open_work(self) -> int:
         """Requests and callers' utility calls in flight (not the client's own probes)."""
@@ -128,6 +169,11 @@ class EngineWatch:
                 if event is None:
                     continue
                 kind = links.update(event)
+                if name == "output" and event.event in (zmq.EVENT_DISCONNECTED,
+                                                        zmq.EVENT_HANDSHAKE_SUCCEEDED):
+                    if event.event == zmq.EVENT_DISCONNECTED:
+                        self._fd_engine.pop(event.value, None)
+                    self.learning = True
                 if kind == zmq.EVENT_DISCONNECTED:
                     drops.append((name, event.endpoint, links.events))
                 elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and name == "input":
@@ -160,14 +206,15 @@ class EngineWatch:
             self._probing.sockets.add(name)
         self._drop_seen.set()
 
-    def _came_back(self, drop: _Drop) -> bool:
-        """Whether an engine's connection was made again since ``drop`` (every engine has
-        answered the probe): its answer arrived on an output connection accepted after
-        the drop, or an input connection was made since (those carry no answers)."""
+    def _came_back(self, drop: _Drop, ranks: Iterable[int]) -> bool:
+        """Whether an engine's connection was made again since ``drop`` (every engine of
+        ``ranks`` has answered the probe): its answer arrived on an output connection
+        accepted after the drop, or an input connection was made since (those carry no
+        answers)."""
         if self._links["input"].connected_at > drop.clocks["input"]:
             return True
         accepted = self._links["output"].accepted
-        for rank in self._ranks:
+        for rank in ranks:
             at = accepted.get(self._answered_on.get(rank, -1))
             if at is None or at > drop.clocks["output"]:
                 return True
@@ -202,10 +249,15 @@ class EngineWatch:
           have needed one).
         """
         config = self._config
-        ranks = self._ranks
+        live = self._live
+        ranks = sorted(live)
         answered: set[int] = set()
         everyone = anyio.Event()
         self._answered_on.clear()
+
+        def settled() -> None:  # every engine asked answered, or died meanwhile
+            if all(rank in answered or rank not in live for rank in ranks):
+                everyone.set()
 
         async def ask_once(rank: int, done: anyio.CancelScope) -> None:
             try:
@@ -213,11 +265,11 @@ class EngineWatch:
             except UtilityCallError:
                 pass  # an answer all the same
             except OperationalError:
-                done.cancel()  # the client failed or closed meanwhile
+                done.cancel()  # the client failed or closed, or this engine died, meanwhile
+                settled()
                 return
             answered.add(rank)
-            if len(answered) == len(ranks):
-                everyone.set()
+            settled()
             done.cancel()
 
         async def ask(rank: int) -> None:
@@ -235,32 +287,36 @@ class EngineWatch:
                 tg.start_soon(ask, rank)
             with anyio.move_on_after(left()):
                 await everyone.wait()
+            found_dead = False
             if not everyone.is_set() and self._healthy():
-                silent = [rank for rank in ranks if rank not in answered]
-                if any(links.live < len(ranks) for links in self._links.values()):
-                    self._fail(EngineDeadError(
-                        _gone_message(silent, drop.sockets, config.disconnect_grace)))
+                silent = [rank for rank in ranks if rank not in answered and rank in live]
+                if any(links.live < len(live) for links in self._links.values()):
+                    found_dead = True
+                    self._fail_engines(silent, EngineDeadError(
+                        _gone_message(silent, drop.sockets, config.disconnect_grace),
+                        ranks=silent))
                 else:
                     with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
                                              + left()):
                         await everyone.wait()
-                    silent = [rank for rank in ranks if rank not in answered]
+                    silent = [rank for rank in ranks if rank not in answered and rank in live]
                     if silent and self._healthy():
-                        self._fail(EngineDeadError(
+                        found_dead = True
+                        self._fail_engines(silent, EngineDeadError(
                             f"{_engines(silent)}: a connection to the client's "
                             f"{_sockets(drop.sockets)} closed and "
                             f"{'it' if len(silent) == 1 else 'they'} did not answer within "
-                            f"{config.liveness_timeout:g} s"))
+                            f"{config.liveness_timeout:g} s", ranks=silent))
             tg.cancel_scope.cancel()
-        if not self._healthy():
-            return
+        if not self._healthy() or found_dead:
+            return  # the dropped connections were the dead engines' own
         # Every engine answered. ZeroMQ reports a new connection before any message flows on
         # it: an engine whose connection dropped answered over a new one, reported by now.
         try:
             self._read_monitors()
         except (anyio.ClosedResourceError, TransportError):
             return
-        if not self._came_back(drop):
+        if not self._came_back(drop, answered):
             logger.info("the peer that left was not an engine: every engine answered over "
                         "its own connections")
         elif drop.work:
@@ -278,20 +334,27 @@ class EngineWatch:
     async def liveness(self, interval: float, deadline: float) -> None:
         """Ask every engine a cheap utility call every ``interval`` s; one that does not
         answer within ``deadline`` s is dead."""
+        live = self._live
         while self._healthy():
             await anyio.sleep(interval)
-            for rank in self._ranks:
+            for rank in sorted(live):
+                if rank not in live:
+                    continue  # found dead meanwhile
                 with anyio.move_on_after(deadline) as scope:
                     try:
                         await self._calls.call([rank], "is_sleeping", (), internal=True)
                     except UtilityCallError:
                         pass
                     except OperationalError:
+                        if not self._healthy():
+                            return
+                        continue  # this engine was found dead meanwhile
+                if scope.cancelled_caught and rank in live:
+                    self._fail_engines([rank], EngineDeadError(
+                        f"engine {rank} did not answer a liveness check within {deadline:g} s",
+                        ranks=(rank,)))
+                    if not self._healthy():
                         return
-                if scope.cancelled_caught:
-                    self._fail(EngineDeadError(
-                        f"engine {rank} did not answer a liveness check within {deadline:g} s"))
-                    return
 
 
 def _engines(ranks: Sequence[int]) -> str:

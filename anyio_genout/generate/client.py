@@ -75,6 +75,10 @@ class Client:
         self._metrics = Metrics(self._config.registry, model_name=self._config.model_name,
                                 max_model_len=engine.max_model_len)
         engine.add_stats_listener(self._metrics.observe_scheduler_stats)
+        live = engine.live_engines
+        for rank in engine.engine_ranks:
+            self._metrics.set_engine_up(rank, rank in live)
+        engine.add_health_listener(self._metrics.set_engine_up)
 
     @classmethod
     def connect(cls, config: ClientConfig | None = None) -> _ClientConnection:

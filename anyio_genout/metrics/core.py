@@ -47,7 +47,7 @@ class Metrics:
     """
 
     __slots__ = ("_engines", "_exposition", "_max_model_len", "_model_name", "_registry",
-                 "_success_order", "_token_bounds")
+                 "_success_order", "_token_bounds", "_up")
 
     def __init__(
         self,
@@ -64,7 +64,9 @@ class Metrics:
         self._token_bounds = build_1_2_5_buckets(max_model_len)
         self._engines: dict[int, EngineSeries] = {}
         self._success_order: list[tuple[EngineSeries, str]] = []
-        self._exposition = Exposition(self._engines, self._token_bounds, self._success_order)
+        self._up: dict[int, float] = {}
+        self._exposition = Exposition(self._engines, self._token_bounds, self._success_order,
+                                      self._up, str(model_name))
         self._registry.register(self._exposition)
 
     @property
@@ -126,6 +128,16 @@ class Metrics:
         ``vllm:prefix_cache_hits``.
         """
         self._engine(engine_index).observe_scheduler_stats(stats)
+
+    def set_engine_up(self, engine_index: int, up: bool) -> None:
+        """Set ``anyio_genout:engine_up{engine=...}`` (ours, not vLLM's): 1 while the
+        engine is up, 0 once it is down (the client's health listener calls this)."""
+        self._up[engine_index] = 1.0 if up else 0.0
+
+    @property
+    def engines_up(self) -> dict[int, bool]:
+        """The ``anyio_genout:engine_up`` values set so far, by engine index."""
+        return {index: value == 1.0 for index, value in self._up.items()}
 
     def snapshot(self) -> dict[int, EngineTotals]:
         """The running totals of every engine seen so far (cheap: no registry collection)."""

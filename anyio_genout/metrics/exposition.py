@@ -88,12 +88,15 @@ class Exposition:
     families without samples) lets the registry detect name clashes without collecting.
     """
 
-    __slots__ = ("_engines", "_les", "_success_order")
+    __slots__ = ("_engines", "_les", "_model_name", "_success_order", "_up")
 
     def __init__(self, engines: dict[int, EngineSeries], token_bounds: tuple[float, ...],
-                 success_order: list[tuple[EngineSeries, str]]) -> None:
+                 success_order: list[tuple[EngineSeries, str]],
+                 up: dict[int, float] | None = None, model_name: str = "") -> None:
         self._engines = engines
         self._success_order = success_order
+        self._up = {} if up is None else up
+        self._model_name = model_name
         # The ``le`` label values of each histogram, formatted as prometheus-client does.
         self._les: dict[str, tuple[str, ...]] = {
             attr: (*map(floatToGoString, token_bounds if bounds is None else bounds), "+Inf")
@@ -101,11 +104,22 @@ class Exposition:
         }
 
     def describe(self) -> list[Metric]:
-        return self._families((), ())
+        return [*self._families((), ()), self._engine_up(())]
 
     def collect(self) -> Iterator[Metric]:
         # Copies first: the event loop may add an engine or a reason meanwhile.
         yield from self._families(tuple(self._engines.values()), tuple(self._success_order))
+        yield self._engine_up(tuple(self._up.items()))
+
+    def _engine_up(self, up: Sequence[tuple[int, float]]) -> Metric:
+        """Our own family (not vLLM's): 1 per engine up, 0 per engine down."""
+        family = GaugeMetricFamily(
+            "anyio_genout:engine_up",
+            "Whether the engine is up (1) or found dead (0), as the client sees it.",
+            labels=LABELS)
+        for index, value in up:
+            family.add_metric((self._model_name, str(index)), value)
+        return family
 
     def _families(self, engines: Sequence[EngineSeries],
                   success: Sequence[tuple[EngineSeries, str]]) -> list[Metric]:

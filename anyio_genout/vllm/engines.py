@@ -262,6 +262,9 @@ class VllmEngines:
     async def _watch(self, proc: ManagedProcess) -> None:
         """Wait for the process to exit; then clean up its group and tell the callbacks."""
         error = await proc.wait_exit(lambda: self._stopping)
+        # The ranks the process served, so a client fails only those (engine_failure).
+        first = self.start_rank + self._procs.index(proc) * self.engine_count
+        error.ranks = tuple(range(first, first + self.engine_count))
         if error.expected:
             self.logger.info("vLLM engine process %d stopped with code %s", proc.pid,
                              error.exit_code)

@@ -332,7 +332,9 @@ async def test_one_of_two_engines_killed_is_named() -> None:
     async with anyio.create_task_group() as tg:
         for rank in range(2):
             tg.start_soon(serve, rank)
-        async with EngineCoreClient.connect(default_config(address, 2)) as client:
+        # The whole-client policy (the per-engine one: test_engine_failure_per_engine.py).
+        config = attrs.evolve(default_config(address, 2), engine_failure="client")
+        async with EngineCoreClient.connect(config) as client:
             errors: list[BaseException | None] = []
 
             async def one(rank: int) -> None:
