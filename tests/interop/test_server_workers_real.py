@@ -54,9 +54,15 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(INTEROP_TIMEOUT)]
 MODEL = "tiny"
 #: Connections pinned to each worker (test_both_workers_stream... streams on all at once).
 PER_WORKER = 3
-#: Long enough that six streams overlap (the tiny model makes a step in about a
-#: millisecond), and within max_model_len (512) with the prompt.
-STREAM_TOKENS = 480
+#: The engine's max_model_len: longer than the interop default (512, the model allows 2048),
+#: so that a stream outlasts a loaded server's delays. The tiny model makes a step in about a
+#: millisecond, and a busy worker can see its first outputs late: a dropped 480-token stream
+#: had sometimes been finished by the engine before the hang-up reached the worker.
+MAX_MODEL_LEN = 2048
+#: Long enough that six streams overlap.
+STREAM_TOKENS = 1000
+#: The dropped streams': the engine cannot finish them before the hang-up.
+DROPPED_TOKENS = 2000
 SERVING = re.compile(r"serving 'tiny' on (http://\S+) with 2 workers")
 
 _log = logging.getLogger("tests.interop")
@@ -93,7 +99,9 @@ async def cluster(real_vllm: RealVllm, text_model: Path,
     """A headless real engine and ``serve --workers 2`` (on the test's backend) in front."""
     address = f"tcp://127.0.0.1:{free_port()}"
     async with spawn_vllm_engines(str(text_model), handshake_address=address,
-                                  command=real_vllm.command, logger=_log) as engines, \
+                                  command=real_vllm.command, logger=_log,
+                                  extra_args=("--max-model-len", str(MAX_MODEL_LEN)),
+                                  ) as engines, \
             cli_process("serve", "--workers", "2", "--port", "0", "--backend", anyio_backend,
                         "--model", str(text_model), "--served-model-name", MODEL,
                         "--handshake-address", address, "--advertised-host", "127.0.0.1",
@@ -227,7 +235,7 @@ async def test_streams_dropped_mid_way_are_aborted_once_each_and_the_engine_is_f
     before = {pid: await _finished(cluster, pid, clients[0])
               for pid, clients in pinned.items()}
     dropped = dict.fromkeys(cluster.workers, 0)
-    body = _completion(PROMPT, 480, ignore_eos=True, stream=True)
+    body = _completion(PROMPT, DROPPED_TOKENS, ignore_eos=True, stream=True)
     for _ in range(40):
         conn = await open_sse(cluster.base, body, events=3)
         owner = cluster.owner(conn.extra(anyio.abc.SocketAttribute.local_port))
