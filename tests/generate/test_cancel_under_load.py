@@ -1,0 +1,65 @@
+"""A cancel scope around a busy stream fires on time, on every backend.
+
+With the engine in another process outputs keep arriving while the consumer works through
+them; on asyncio anyio delivers a cancellation by cancelling the task's future and skips a
+task whose future is already done, so a consumer the reader keeps waking could miss it for
+the whole stream (a 0.1 s timeout fired after more than a second, at the stream's end)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    GenerateRequest,
+    SamplingParams,
+)
+from anyio_genout.transport import free_tcp_address
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def engine_address() -> Iterator[str]:
+    """A mock engine process stepping back to back, dialing this address."""
+    address = free_tcp_address()
+    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
+                              address, "--step-time", "0", "--no-log-stats"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL)
+    try:
+        yield address
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str) -> None:
+    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=engine_address,
+                                                        ready_timeout=20), registry=None)
+    async with Client.connect(config) as client:
+        for n in range(3):
+            request = GenerateRequest(request_id=f"busy-{n}", prompt_token_ids=[1, 2, 3],
+                                      sampling_params=SamplingParams(max_tokens=4000,
+                                                                     ignore_eos=True))
+            started = time.monotonic()
+            got = 0
+            with anyio.move_on_after(0.1) as scope:
+                async with client.generate(request) as stream:
+                    async for out in stream:
+                        got += len(out.token_ids)
+                        time.sleep(0.0002)  # a consumer about as fast as the engine
+            took = time.monotonic() - started
+            assert scope.cancelled_caught, f"the stream ended first ({got} tokens)"
+            assert took < 0.6, f"the 0.1 s timeout fired after {took:.2f} s, {got} tokens"
+        with anyio.fail_after(5):  # every one was aborted: nothing left in the engine
+            while client.engine.in_flight:
+                await anyio.sleep(0.01)
