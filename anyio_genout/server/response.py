@@ -10,10 +10,8 @@ started ends it with an error event and ``data: [DONE]``, so a client never hang
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from typing import Any
 
 import anyio
 from starlette.responses import Response
@@ -25,7 +23,7 @@ from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_o
 from ..text.request import TextRequest
 from ..text.stream import TextStream
 from .errors import error_body, error_for
-from .formats import Format
+from .formats import Format, dumps, sse_event
 
 __all__ = ["TextResponse"]
 
@@ -35,12 +33,6 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 _DONE = b"data: [DONE]\n\n"
 
 
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _event(value: Any) -> bytes:
-    return b"data: " + _dumps(value) + b"\n\n"
 
 
 def _with_buffered(stream: TextStream, out: TextOutput) -> tuple[TextOutput, GenoutError | None]:
@@ -122,12 +114,12 @@ class TextResponse(Response):
     async def _body(self, send: Send, body: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": more})
 
-    async def _event(self, send: Send, value: Any) -> None:
+    async def _send_event(self, send: Send, event: bytes) -> None:
         if self._lock is None:
-            await self._body(send, _event(value), more=True)
+            await self._body(send, event, more=True)
             return
         async with self._lock:  # choices send from their own tasks
-            await self._body(send, _event(value), more=True)
+            await self._body(send, event, more=True)
 
     @staticmethod
     async def _each(streams: list[TextStream],
@@ -170,12 +162,12 @@ class TextResponse(Response):
                     await self._each(streams, collect)
                     done = [whole for whole in wholes if whole is not None]
                     await self._start(send, 200, _JSON_HEADERS)
-                    await self._body(send, _dumps(self._fmt.whole(done)), more=False)
+                    await self._body(send, dumps(self._fmt.whole(done)), more=False)
                     return
                 await self._start(send, 200, _SSE_HEADERS)
                 fmt = self._fmt
                 for first in fmt.first_chunks(len(streams)):
-                    await self._body(send, _event(first), more=True)
+                    await self._body(send, sse_event(first), more=True)
                 completion = 0
 
                 async def relay(i: int, stream: TextStream) -> None:
@@ -183,9 +175,9 @@ class TextResponse(Response):
                     async for out in stream:
                         out, failure = _with_buffered(stream, out)
                         completion += len(out.token_ids)
-                        chunk = fmt.chunk(out, i)
-                        if chunk is not None:
-                            await self._event(send, chunk)
+                        event = fmt.event(out, i)
+                        if event is not None:
+                            await self._send_event(send, event)
                         if failure is not None:
                             raise failure
 
@@ -194,15 +186,15 @@ class TextResponse(Response):
                     usage = fmt.usage_chunk(
                         fmt.prompt_tokens([len(s.prompt_token_ids) for s in streams]),
                         completion)
-                    await self._body(send, _event(usage), more=True)
+                    await self._body(send, sse_event(usage), more=True)
                 await self._body(send, _DONE, more=False)
         except GenoutError as exc:
             error = error_for(exc)
             body = error_body(error.status, error.message, error.param)
             if not self._started:
                 await self._start(send, error.status, _JSON_HEADERS)
-                await self._body(send, _dumps(body), more=False)
+                await self._body(send, dumps(body), more=False)
             elif self._stream:
-                await self._body(send, _event(body) + _DONE, more=False)
+                await self._body(send, sse_event(body) + _DONE, more=False)
             else:
                 raise
