@@ -25,7 +25,6 @@ import json
 import logging
 import re
 import signal
-import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -52,7 +51,7 @@ __all__ = ["text_model"]  # the fixture this module reuses
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(INTEROP_TIMEOUT)]
 
 MODEL = "tiny"
-#: Connections pinned to each worker (test_both_workers_stream... streams on all at once).
+#: Streams on each worker at once (test_both_workers_stream_from_the_one_engine...).
 PER_WORKER = 3
 #: The engine's max_model_len: longer than the interop default (512, the model allows 2048),
 #: so that a stream outlasts a loaded server's delays. The tiny model makes a step in about a
@@ -125,7 +124,7 @@ def _client_port(response: httpx.Response) -> int:
 
 @pytest.fixture
 async def pinned(cluster: Cluster) -> AsyncIterator[dict[int, list[httpx.AsyncClient]]]:
-    """:data:`PER_WORKER` HTTP clients per worker, each with one keep-alive connection that
+    """``PER_WORKER + 1`` HTTP clients per worker, each with one keep-alive connection that
     the worker holds (new connections until each worker had that many)."""
     assert cluster.supervisor.returncode is None, cluster.output.err
     clients: dict[int, list[httpx.AsyncClient]] = {pid: [] for pid in cluster.workers}
@@ -138,11 +137,11 @@ async def pinned(cluster: Cluster) -> AsyncIterator[dict[int, list[httpx.AsyncCl
             assert response.status_code == 200, response.text
             owner = cluster.owner(_client_port(response))
             assert owner is not None
-            if len(clients[owner]) < PER_WORKER:
+            if len(clients[owner]) <= PER_WORKER:
                 clients[owner].append(client)
-            if all(len(pinned) == PER_WORKER for pinned in clients.values()):
+            if all(len(pinned) > PER_WORKER for pinned in clients.values()):
                 break
-        assert all(len(pinned) == PER_WORKER for pinned in clients.values()), clients
+        assert all(len(pinned) > PER_WORKER for pinned in clients.values()), clients
         yield clients
 
 
@@ -172,35 +171,43 @@ def _completion(prompt: Any, max_tokens: int, **extra: Any) -> dict[str, Any]:
 
 async def test_both_workers_stream_from_the_one_engine_at_the_same_time(
         cluster: Cluster, pinned: dict[int, list[httpx.AsyncClient]]) -> None:
+    """Three long streams on each worker at once (clients 1-3 of each); client 0 of each
+    reads that worker's /metrics meanwhile."""
     before = {pid: await _finished(cluster, pid, clients[0])
               for pid, clients in pinned.items()}
-    first: list[float] = []
-    done: list[float] = []
     usage: list[dict[str, Any]] = []
+    running: list[float] = []
 
     async def stream(pid: int, client: httpx.AsyncClient) -> None:
         body = _completion(PROMPT, STREAM_TOKENS, ignore_eos=True, stream=True,
                            stream_options={"include_usage": True})
         async with client.stream("POST", "/v1/completions", json=body) as response:
             assert _on(cluster, pid, response).status_code == 200
-            events: list[str] = []
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    if not events:
-                        first.append(time.monotonic())
-                    events.append(line.removeprefix("data: "))
-        done.append(time.monotonic())
+            events = [line.removeprefix("data: ") async for line in response.aiter_lines()
+                      if line.startswith("data: ")]
         assert events[-1] == "[DONE]", events[-3:]
         usage.append(json.loads(events[-2])["usage"])
 
+    async def watch(pid: int, client: httpx.AsyncClient) -> None:
+        """The engine's own count of running requests, as this worker last heard it."""
+        while True:
+            text = _on(cluster, pid, await client.get("/metrics")).text
+            running.append(_sample(text, "vllm:num_requests_running"))
+            await anyio.sleep(0.01)
+
     with anyio.fail_after(120):
-        async with anyio.create_task_group() as tg:
+        async with anyio.create_task_group() as watchers:
             for pid, clients in pinned.items():
-                for client in clients:
-                    tg.start_soon(stream, pid, client)
-    # All six were streaming at once: every one had begun before any had ended.
-    assert len(done) == 2 * PER_WORKER and max(first) < min(done), (first, done)
+                watchers.start_soon(watch, pid, clients[0])
+            async with anyio.create_task_group() as tg:
+                for pid, clients in pinned.items():
+                    for client in clients[1:]:
+                        tg.start_soon(stream, pid, client)
+            watchers.cancel_scope.cancel()
+    assert len(usage) == 2 * PER_WORKER
     assert all(u["completion_tokens"] == STREAM_TOKENS for u in usage), usage
+    # The engine ran more requests at once than one worker had: both workers' at once.
+    assert max(running) > PER_WORKER, sorted(set(running))
     # Each worker got its own three answers from the engine (client_index 0 and 1), and
     # counts exactly those.
     for pid, clients in pinned.items():
