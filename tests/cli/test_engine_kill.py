@@ -109,3 +109,42 @@ async def test_kill_9_of_the_engine_under_run_keeps_the_finished_results(
     assert (f"({len(failed)} in flight failed, {not_run} request(s) not run; run again with "
             "--resume to finish)") in output.err.strip().splitlines()[-1]
     assert f"{len(finished)}/300 done, {len(failed)} failed, 0 skipped" in output.err
+
+
+@BACKEND_PAIRS
+async def test_kill_9_of_one_of_two_engines_under_run_fails_only_its_requests(
+        tmp_path: Path, cli_backend: str) -> None:
+    """With several engines the job goes on: the dead engine's requests in flight get an
+    error line naming it, everything else (also what was still to run) finishes on the
+    survivor."""
+    ids = [f"r{i:03d}" for i in range(200)]
+    requests = write_lines(tmp_path / "requests.jsonl",
+                           [request_line(rid, [1, 2, i], max_tokens=20, ignore_eos=True)
+                            for i, rid in enumerate(ids)])
+    results = tmp_path / "out.jsonl"
+    address = f"tcp://127.0.0.1:{free_port()}"
+    async with cli_process("mock-engine", "--handshake-address", address, "--rank", "0",
+                           "--step-time", "0.01") as (first, first_output), \
+            cli_process("mock-engine", "--handshake-address", address, "--rank", "1",
+                        "--step-time", "0.01") as (second, second_output), \
+            cli_process("run", str(requests), "-o", str(results), "--concurrency", "16",
+                        "--handshake-address", address, "--engine-count", "2",
+                        "--backend", cli_backend) as (process, output):
+        await wait_until(lambda: running(process, output) and running(first, first_output)
+                         and running(second, second_output)
+                         and complete_lines(results) >= 20, seconds=20)
+        second.kill()
+        with anyio.fail_after(60):
+            code = await process.wait()
+    lines = read_results(results)
+    assert sorted(line["request_id"] for line in lines) == ids, output.err  # none lost
+    failed = [line for line in lines if "error" in line]
+    assert failed, "engine 1 had requests in flight when it was killed"
+    assert all(line["error"].startswith("EngineDeadError: ") and "engine 1" in line["error"]
+               for line in failed), failed[:3]
+    for line in lines:
+        if "error" not in line:
+            assert_finished_result(line)
+            assert len(line["token_ids"]) == 20
+    assert code == 1, output.err  # some requests failed
+    assert "Traceback" not in output.err
