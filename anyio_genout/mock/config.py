@@ -104,6 +104,11 @@ class MockEngineConfig:
       lasts that many seconds longer per prompt token not found cached (0, the default:
       prefill is free), so prefix-cache hits shorten time to first token as on a GPU.
     * ``seed``: seeds unseeded random sampling (greedy and seeded requests ignore it).
+    * ``greedy_continuations`` > 0: a greedy request whose prompt ends with up to that many
+      tokens a greedy request on the rest of it would generate first continues that
+      generation, as a real model does (what a front end that moves a request to another
+      engine relies on; see :func:`~.tokens.greedy_continuation`). Off (0) by default: the
+      search costs a hash per candidate length for every greedy request.
     * ``corpus_token_ids``: corpus mode (see :mod:`.tokens`): generated tokens continue this
       token sequence (a text encoded with the tokenizer of the front end) from a place the
       request's stream key chooses, so a detokenizing front end shows readable text.
@@ -152,6 +157,7 @@ class MockEngineConfig:
     prefill_time_per_token: float = attrs.field(default=0.0, validator=_non_negative)
     dtype: str = "bfloat16"
     seed: int = 0
+    greedy_continuations: int = attrs.field(default=0, validator=_non_negative)
     corpus_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_corpus,
                                                            repr=False)
     keep_history: bool = True

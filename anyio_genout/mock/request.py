@@ -56,6 +56,7 @@ class Request:
     fast_end: int = 0  # fast path while num_out < fast_end (plain, buffered, not last)
     num_preemptions: int = 0
     late: int = 0  # outputs still owed after an ABORT (fault injection)
+    offset: int = 0  # stream position of output 0 (a greedy continuation: greedy_continuations)
 
 
 def set_plain(r: Request, plain: bool) -> None:

@@ -26,7 +26,7 @@ from ..protocol import AddRequest, EngineCoreEventType, EngineCoreFinishReason
 from .config import MockEngineConfig
 from .prefix_cache import PrefixCache
 from .request import Request, set_plain
-from .tokens import GREEDY_TEMPERATURE, stream_key
+from .tokens import GREEDY_TEMPERATURE, greedy_continuation, stream_key
 from .wire import OutputWriter, pack
 
 __all__ = ["Pause", "Scheduler"]
@@ -113,6 +113,16 @@ class Scheduler:
         stops = frozenset(params.stop_token_ids)
         eos = wire.get("_eos_token_id")
         all_stop = frozenset(wire.get("_all_stop_token_ids") or ()) | stops
+        offset = 0
+        if greedy and cfg.greedy_continuations:
+            found = greedy_continuation(
+                prompt, cfg.greedy_continuations, cfg.vocab_size, min_tokens=params.min_tokens,
+                avoid=all_stop if params.min_tokens else (),
+                allowed=list(params.allowed_token_ids) if params.allowed_token_ids else None,
+                eos_token_id=cfg.eos_token_id, eos_probability=cfg.eos_probability,
+                corpus=cfg.corpus_token_ids)
+            if found is not None:
+                key, offset = found
         checks = stops | {eos} if eos is not None else stops
         vocab = cfg.vocab_size
         oov = any(t < 0 or t >= vocab for t in prompt) or any(
@@ -135,7 +145,7 @@ class Scheduler:
             prompt_logprobs=prompt_logprobs,
             allowed=list(params.allowed_token_ids) if params.allowed_token_ids else None,
             trace=trace, cache_salt=req.cache_salt, oov=oov,
-            prefix=self._writer.row_header + pack(req.request_id), mid=mid,
+            prefix=self._writer.row_header + pack(req.request_id), mid=mid, offset=offset,
         )
 
     def abort(self, ids: Iterable[str]) -> None:

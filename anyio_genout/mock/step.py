@@ -173,8 +173,8 @@ class Stepper:
         start = r.num_out
         count = max(min(_CHUNK, r.limit - start), need)
         r.buf = generate(
-            r.key, start, count, cfg.vocab_size,
-            avoid=r.all_stop if r.min_tokens else (), avoid_before=r.min_tokens,
+            r.key, r.offset + start, count, cfg.vocab_size,
+            avoid=r.all_stop if r.min_tokens else (), avoid_before=r.offset + r.min_tokens,
             allowed=r.allowed, eos_token_id=cfg.eos_token_id,
             eos_probability=cfg.eos_probability, corpus=self._corpus,
         )
@@ -190,8 +190,8 @@ class Stepper:
         logprobs = None
         if r.logprobs is not None:
             frames = aux.setdefault(r.client, [b""])
-            lp = fake_logprobs(r.key, toks, r.num_out - len(toks), r.logprobs, cfg.vocab_size,
-                               greedy=r.greedy)
+            lp = fake_logprobs(r.key, toks, r.offset + r.num_out - len(toks), r.logprobs,
+                               cfg.vocab_size, greedy=r.greedy)
             logprobs = encode_logprobs(lp, frames)
         prompt_logprobs = None
         if r.want_prompt_logprobs:

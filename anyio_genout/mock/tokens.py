@@ -36,6 +36,7 @@ __all__ = [
     "fake_logprobs",
     "fake_prompt_logprobs",
     "generate",
+    "greedy_continuation",
     "greedy_tokens",
     "sampled_tokens",
     "stream_key",
@@ -150,6 +151,44 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
                     out[i] = value % vocab_size
                 attempt += 1
     return out
+
+
+def greedy_continuation(prompt: Sequence[int], lookback: int, vocab_size: int, *,
+                        min_tokens: int = 0, avoid: Collection[int] = (),
+                        allowed: Sequence[int] | None = None,
+                        eos_token_id: int | None = None, eos_probability: float = 0.0,
+                        corpus: Sequence[int] | np.ndarray[Any, Any] | None = None
+                        ) -> tuple[int, int] | None:
+    """Whether a greedy ``prompt`` continues an earlier greedy request: ``(key, offset)``.
+
+    A real model's greedy continuation of ``prompt + the first k tokens it generated`` is
+    the rest of that generation (a front end that moves a request to another engine relies
+    on it). The mock's keys hash the whole prompt, so it looks for the longest ``k`` (at most
+    ``lookback``, leaving at least one prompt token) whose last ``k`` prompt tokens are what
+    a greedy request on the rest would generate first (``min_tokens`` is the continuation's:
+    the original one held stop tokens back for ``k + min_tokens`` tokens); the request then
+    generates that stream from position ``k``. None if there is no such ``k``.
+    """
+    n = len(prompt)
+    body = _prompt_bytes(prompt)
+    plain = allowed is None and corpus is None and (eos_token_id is None
+                                                    or eos_probability <= 0.0)
+    for k in range(min(lookback, n - 1), 0, -1):
+        m = n - k
+        key = _digest(b"greedy", body[:8 * m])
+        if plain and not avoid:
+            # The first token by hand (this runs for every candidate): _hashes at 0.
+            x = ((key & _MASK) + 0x9E3779B97F4A7C15) & _MASK
+            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+            if (x ^ (x >> 31)) % vocab_size != prompt[m]:
+                continue
+        tail = generate(key, 0, k, vocab_size, avoid=avoid, avoid_before=k + min_tokens,
+                        allowed=allowed, eos_token_id=eos_token_id,
+                        eos_probability=eos_probability, corpus=corpus)
+        if tail == list(prompt[m:]):
+            return key, k
+    return None
 
 
 def greedy_tokens(prompt: Sequence[int], count: int, vocab_size: int = 32000, *,
