@@ -12,7 +12,10 @@ Task layout (one client-level task group, run by :mod:`.connection`, started by
   the handshake (engines never send there again; without it a peer could fill this
   process's memory with messages nobody reads);
 * the **connection watchers**, the **prober** and the **liveness** task, which find an
-  engine that vanished or hung (:mod:`.watchers`).
+  engine that vanished or hung (:mod:`.watchers`);
+* the **handshake reader** (handshake owner only), which answers restarted engines that
+  dial the handshake socket again (:class:`~.handshake.Rejoins`; a registration on the
+  input socket reaches it through the input drain).
 
 Sends on the input ROUTER are queued (``NOBLOCK`` with an unbounded high-water mark never
 blocks towards a connected engine), so request scopes never await while sending and the
@@ -47,7 +50,7 @@ from ..protocol import (
 from .aborts import AbortQueue
 from .config import EngineCoreClientConfig
 from .connection import Connection
-from .handshake import BoundSockets
+from .handshake import BoundSockets, Rejoins
 from .input import EngineInput
 from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
@@ -85,7 +88,10 @@ class EngineCoreClient(UtilityCalls):
         self._ready = dict(sorted(ready.items()))
         self._ranks = list(self._ready)
         self._identities = {rank: engine_identity(rank) for rank in self._ranks}
-        self._input = EngineInput(sockets.input, self._identities, self.fail)
+        self._rejoins = Rejoins(config, sockets, lambda rank: rank in self._registry.live,
+                                self._rejoin)
+        self._input = EngineInput(sockets.input, self._identities, self.fail,
+                                  self._rejoins.on_input)
         self._send_input = self._input.send
         self._registry = RequestRegistry(self._ranks, make_router(
             config.routing, {r: ready[r].block_size for r in self._ranks},
@@ -178,7 +184,7 @@ class EngineCoreClient(UtilityCalls):
     def live_engines(self) -> list[int]:
         """Ranks of the engines up, in engine order: the ones new requests go to (empty
         once the client is unhealthy). With ``engine_failure="engine"`` an engine found
-        dead leaves it at once."""
+        dead leaves it at once, and rejoins it when restarted (docs/reliability.md)."""
         if self._error is not None:
             return []
         live = self._registry.live
@@ -202,7 +208,8 @@ class EngineCoreClient(UtilityCalls):
 
     def add_health_listener(self, listener: HealthListener) -> None:
         """Call ``listener(rank, up)`` (synchronously) when an engine goes down, and for
-        every engine still up when the client becomes unhealthy or closes (``up`` False)."""
+        every engine still up when the client becomes unhealthy or closes (``up`` False);
+        ``listener(rank, True)`` when an engine that was down rejoins."""
         self._health_listeners.append(listener)
 
     @property
@@ -387,6 +394,8 @@ class EngineCoreClient(UtilityCalls):
         task_group.start_soon(self._input.run_sender)
         task_group.start_soon(self._aborts.run)
         task_group.start_soon(self._input.drain)
+        if self._sockets.handshake is not None:
+            task_group.start_soon(self._rejoins.run)
         if self._sockets.output_monitor is not None:
             task_group.start_soon(self._watch.watch_connections)
         if self._config.liveness_interval is not None:
@@ -453,6 +462,7 @@ class EngineCoreClient(UtilityCalls):
             return
         for rank in dead:
             entries = registry.mark_down(rank, error)
+            self._rejoins.engines_down(True)
             self._aborts.forget_engine(rank)
             self._calls.fail_engine(rank, error)
             for entry in entries:
@@ -494,6 +504,28 @@ class EngineCoreClient(UtilityCalls):
         self._aborts.clear()
         for rank in sorted(registry.live):
             self._tell_health(rank, False)
+
+    def _rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
+        """Engine ``rank``, down, completed its handshake again (a restarted engine): put it
+        back into routing with ``response`` as its ready response; returns why it is
+        refused instead (it stays down), or None."""
+        if self._error is not None:
+            return f"the client is unhealthy: {self._error}"
+        registry = self._registry
+        if rank in registry.live:
+            return f"engine {rank} is up"
+        if response.max_model_len < self._max_model_len:
+            return (f"its max_model_len {response.max_model_len} is below the "
+                    f"{self._max_model_len} the client accepts requests for")
+        self._ready[rank] = response
+        registry.mark_up(rank)
+        self._watch.engine_up()
+        if not registry.down:
+            self._rejoins.engines_down(False)
+        logger.warning("engine %d is back (vLLM %s) and rejoins routing (engines up: %s)",
+                       rank, response.vllm_version, self.live_engines)
+        self._tell_health(rank, True)
+        return None
 
     def _tell_health(self, rank: int, up: bool) -> None:
         for listener in list(self._health_listeners):

@@ -63,9 +63,7 @@ class Connection(Generic[C]):
         try:
             sockets = bind_sockets(self._context, self._config)
             ready = await run_handshake(sockets, self._config)
-            if sockets.handshake is not None:
-                sockets.handshake.close()
-                sockets.handshake = None
+            # The handshake socket stays open: the client answers engines that come back.
             client = self._make_client(self._config, sockets, ready)
             early, sockets.early_outputs = sockets.early_outputs, []
             for frames in early:  # arrived before READY: dispatched before anything newer

@@ -33,11 +33,15 @@ _DRAIN_BATCH: Final = 16
 class EngineInput:
     """The input ROUTER, its send queue, and the count of messages discarded from it."""
 
-    __slots__ = ("_fail", "_identities", "_outbox", "_socket", "junk")
+    __slots__ = ("_fail", "_identities", "_outbox", "_socket", "_take", "junk")
 
     def __init__(self, socket: ZmqSocket, identities: dict[int, bytes],
-                 fail: Callable[[ClientUnhealthyError], None]) -> None:
+                 fail: Callable[[ClientUnhealthyError], None],
+                 take: Callable[[list[Any]], bool] | None = None) -> None:
+        """``take(frames)``: whether a message the drain received is wanted after all (a
+        restarted engine's registration, :class:`~.handshake.Rejoins`), not junk."""
         self._socket = socket
+        self._take = take
         self._outbox = Outbox(socket)
         self._identities = identities
         self._fail = fail
@@ -96,13 +100,17 @@ class EngineInput:
 
     async def drain(self) -> None:
         """The input drain: discard messages sent to the socket after the handshake (none
-        expected), until it closes."""
+        expected but a restarted engine's registration, handed to ``take``), until it
+        closes."""
         sock = self._socket
+        take = self._take
         try:
             while True:
                 frames = sock.receive_nowait()
                 if frames is None:
                     await sock.wait_readable()
+                    continue
+                if take is not None and take(frames):
                     continue
                 self.junk += 1
                 if self.junk <= MAX_INPUT_JUNK_LOGGED:

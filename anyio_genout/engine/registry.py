@@ -107,9 +107,14 @@ class RequestRegistry:
         return mine
 
     def mark_up(self, rank: int) -> None:
-        """Put engine ``rank`` back into routing (it came back, its cache empty)."""
-        if rank in self.engines:
+        """Put engine ``rank`` back into routing (it came back: a new engine, its cache
+        empty, nothing running; its load is unknown until its first stats)."""
+        load = self.engines.get(rank)
+        if load is not None and rank not in self.live:
             self.down.pop(rank, None)
+            load.running = load.waiting = None
+            load.in_flight = 0
+            self.router.engine_reset(rank)
             self.live.add(rank)
 
     def register(self, request_id: str, engine: int, ticket: Any = None) -> RequestEntry:

@@ -81,6 +81,8 @@ class EngineWatch:
         # while an engine up has no known connection (the reader then calls learn()).
         self._fd_engine: dict[int, int] = {}
         self.learning = True
+        # The input monitor's clock when an engine last rejoined (-1: none did).
+        self._rejoin_clock = -1
 
     @property
     def output_disconnects(self) -> int:
@@ -105,6 +107,12 @@ class EngineWatch:
         self._fd_engine[fd] = engine
         if all(rank in self._fd_engine.values() for rank in self._live):
             self.learning = False
+
+    def engine_up(self) -> None:
+        """An engine rejoined: learn which output connection its messages come on, and
+        remember that its new input connection is no sign of a connection come back."""
+        self.learning = True
+        self._rejoin_clock = self._links["input"].events
 
     def engine_of(self, frame: Any) -> int | None:
         """The engine that sent the message whose first frame is ``frame`` (e.g. an
@@ -210,8 +218,9 @@ class EngineWatch:
         """Whether an engine's connection was made again since ``drop`` (every engine of
         ``ranks`` has answered the probe): its answer arrived on an output connection
         accepted after the drop, or an input connection was made since (those carry no
-        answers)."""
-        if self._links["input"].connected_at > drop.clocks["input"]:
+        answers; not if an engine rejoined since, which made one)."""
+        since = drop.clocks["input"]
+        if self._links["input"].connected_at > since and self._rejoin_clock < since:
             return True
         accepted = self._links["output"].accepted
         for rank in ranks:

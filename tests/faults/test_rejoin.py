@@ -1,0 +1,311 @@
+"""Engines that come back (issue #16): a restarted engine of a known rank rejoins.
+
+Mock engines (in this event loop) behind one generate :class:`Client`; one is killed (by
+``ENGINE_CORE_DEAD``, or its task cancelled with its sockets closed, as a killed process's
+close), and a new :class:`MockEngine` with the same rank dials the same handshake address:
+it gets INIT, registers, says READY and rejoins routing (requests pinned to it and routed
+reach the new engine; ``live_engines``, ``engine_health``, the health listeners and the
+``anyio_genout:engine_up`` gauge say so; its ready response replaces the old one). A HELLO
+from a rank that is up, or one outside the client's ranks, is refused (no INIT) with a log
+line. Bootstrapped engines rejoin by registering on the input socket again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+import pytest
+import zmq
+from prometheus_client import generate_latest
+
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    EngineDeadError,
+    HandshakeTimeoutError,
+)
+from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
+from tests.engine.fake import free_port
+from tests.faults.support import RawPeer, generate_request
+from tests.support import wait_until
+
+pytestmark = pytest.mark.anyio
+
+VICTIM = 1
+
+
+@attrs.define
+class Cluster:
+    """Mock engines by rank (the latest one of each), each in a cancel scope of its own."""
+
+    client: Client
+    tg: anyio.abc.TaskGroup
+    mock: dict[str, Any]
+    engines: dict[int, MockEngine] = attrs.field(factory=dict)
+    scopes: dict[int, anyio.CancelScope] = attrs.field(factory=dict)
+    health: list[tuple[int, bool]] = attrs.field(factory=list)
+
+    @property
+    def engine(self) -> EngineCoreClient:
+        return self.client.engine
+
+    def new_engine(self, rank: int, **overrides: Any) -> MockEngine:
+        return MockEngine(MockEngineConfig(rank=rank, linger=0.0, **{**self.mock, **overrides}))
+
+    async def start(self, rank: int, **overrides: Any) -> MockEngine:
+        engine = self.engines[rank] = self.new_engine(rank, **overrides)
+        scope = self.scopes[rank] = anyio.CancelScope()
+
+        async def serve() -> None:
+            with scope:
+                await engine.serve()
+
+        self.tg.start_soon(serve)
+        return engine
+
+    async def kill(self, rank: int, way: str) -> None:
+        """Kill engine ``rank`` ``way`` and wait until the client has it down."""
+        if way == "sentinel":
+            self.engines[rank].die("killed by the test")
+            await wait_until(lambda: rank not in self.engine.live_engines, 5)
+        # Its sockets close, as a killed process's do (a real engine exits after the
+        # sentinel; the mock would stay connected).
+        self.scopes[rank].cancel()
+        await wait_until(lambda: rank not in self.engine.live_engines, 5)
+
+    async def restart(self, rank: int, **overrides: Any) -> MockEngine:
+        """Start a new engine of ``rank`` and wait until it rejoined."""
+        engine = await self.start(rank, **overrides)
+        await wait_until(lambda: rank in self.engine.live_engines, 5)
+        return engine
+
+
+@asynccontextmanager
+async def cluster(engines: int = 3, *, bootstrapped: bool = False,
+                  **config: Any) -> AsyncIterator[Cluster]:
+    if bootstrapped:
+        inp, out = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        mock: dict[str, Any] = {"input_address": inp, "output_addresses": (out,)}
+        addresses: dict[str, Any] = {"bootstrapped": True, "input_address": inp,
+                                     "output_address": out}
+    else:
+        address = f"tcp://127.0.0.1:{free_port()}"
+        mock = {"handshake_address": address}
+        addresses = {"handshake_address": address}
+    settings: dict[str, Any] = {"ready_timeout": 10.0, "disconnect_grace": 0.5,
+                                "liveness_interval": None, **addresses, **config}
+    engine_config = EngineCoreClientConfig(engine_count=engines, **settings)
+    async with anyio.create_task_group() as tg:
+        holder = Cluster(None, tg, {"step_time": 0.002, **mock})  # type: ignore[arg-type]
+        for rank in range(engines):
+            await holder.start(rank)
+        async with EngineCoreClient.connect(engine_config) as engine:
+            holder.client = Client(engine, ClientConfig(engine=engine_config,
+                                                        model_name="rejoin"))
+            engine.add_health_listener(lambda rank, up: holder.health.append((rank, up)))
+            try:
+                yield holder
+            finally:
+                holder.client.metrics.unregister()
+        tg.cancel_scope.cancel()
+
+
+async def stream(client: Client, rid: str, *, rank: int | None = None,
+                 max_tokens: int = 8) -> tuple[int, list[int]]:
+    """One greedy stream to its end: the engine it ran on and its tokens."""
+    request = attrs.evolve(generate_request(rid, max_tokens=max_tokens),
+                           data_parallel_rank=rank)
+    tokens: list[int] = []
+    with anyio.fail_after(5):
+        async with client.generate(request) as s:
+            async for out in s:
+                tokens.extend(out.token_ids)
+            return s.engine_index, tokens
+
+
+async def spread(client: Client, wave: str, count: int) -> dict[str, int]:
+    """``count`` concurrent unpinned streams; the engine each ran on."""
+    engines: dict[str, int] = {}
+
+    async def one(i: int) -> None:
+        rid = f"{wave}-{i}"
+        engines[rid], tokens = await stream(client, rid)
+        assert len(tokens) == 8
+
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(one, i)
+    return engines
+
+
+def gauge(client: Client) -> dict[str, float]:
+    """``anyio_genout:engine_up`` as exported, by engine label."""
+    text = generate_latest(client.metrics.registry).decode()
+    return {line.split('engine="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("anyio_genout:engine_up{")}
+
+
+async def check_serves_again(c: Cluster, new: MockEngine, wave: str) -> None:
+    """Requests pinned to the victim and routed ones reach the new engine."""
+    client, engine = c.client, c.engine
+    ranks = engine.engine_ranks
+    assert engine.live_engines == ranks
+    assert engine.engine_health == dict.fromkeys(ranks)
+    assert gauge(client) == {str(rank): 1.0 for rank in ranks}
+    ran_on, tokens = await stream(client, f"{wave}-pinned", rank=VICTIM)
+    assert ran_on == VICTIM and len(tokens) == 8
+    assert any(rid.startswith(f"{wave}-pinned") for rid in new.added_ids)
+    routed = await spread(client, wave, 4 * len(ranks))
+    assert set(routed.values()) == set(ranks)  # idle engines share the load
+    assert {rid for rid, rank in routed.items() if rank == VICTIM} == {
+        rid.rsplit("-", 1)[0] for rid in new.added_ids if not rid.startswith(f"{wave}-p")}
+    assert await engine.call_utility("is_sleeping") == [False] * len(ranks)
+    assert engine.in_flight == 0
+
+
+@pytest.mark.parametrize("way", ["sentinel", "sockets closed"])
+async def test_a_killed_engine_restarted_rejoins_and_serves_again(way: str) -> None:
+    async with cluster() as c:
+        client, engine = c.client, c.engine
+        old_ready = engine.ready_responses[VICTIM]
+        # A stream on the victim when it dies fails with one error naming it.
+        victim_stream = anyio.Event()
+        outcome: list[BaseException] = []
+
+        async def long_stream() -> None:
+            request = attrs.evolve(generate_request("long", max_tokens=2000),
+                                   data_parallel_rank=VICTIM)
+            async with client.generate(request) as s:
+                try:
+                    async for _ in s:
+                        victim_stream.set()
+                except EngineDeadError as exc:
+                    outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_stream)
+            with anyio.fail_after(5):
+                await victim_stream.wait()
+            await c.kill(VICTIM, way)
+        assert len(outcome) == 1 and outcome[0].ranks == (VICTIM,)  # type: ignore[attr-defined]
+        assert engine.live_engines == [0, 2]
+        assert gauge(client) == {"0": 1.0, "1": 0.0, "2": 1.0}
+        assert c.health == [(VICTIM, False)]
+
+        # A new engine of the same rank dials the same handshake address: it rejoins.
+        new = await c.restart(VICTIM, vllm_version="0.33.1")
+        assert c.health == [(VICTIM, False), (VICTIM, True)]
+        assert engine.is_healthy
+        assert engine.ready_responses[VICTIM].vllm_version == "0.33.1"  # the new one's
+        assert old_ready.vllm_version != "0.33.1"
+        await check_serves_again(c, new, "after")
+
+
+async def test_a_hello_from_a_rank_that_is_up_is_refused(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with cluster(2) as c:
+        duplicate = c.new_engine(0, handshake_timeout=0.3)
+        with (caplog.at_level(logging.WARNING, "anyio_genout.engine"), anyio.fail_after(5),
+              pytest.raises(HandshakeTimeoutError)):
+            await duplicate.serve()  # no INIT comes
+        assert "refusing a HELLO from engine 0: engine 0 is up" in caplog.text
+        assert not duplicate.ready
+        # The engine that is up serves on, and nothing changed.
+        assert c.engine.live_engines == [0, 1] and c.health == []
+        assert (await stream(c.client, "still", rank=0))[0] == 0
+        assert any(rid.startswith("still") for rid in c.engines[0].added_ids)
+
+
+async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with cluster(2) as c:
+        address = c.engine.config.handshake_address
+        with caplog.at_level(logging.WARNING, "anyio_genout.engine"):
+            # Junk on the handshake socket after start-up, also under an engine's identity.
+            for identity, junk in ((b"stray", [b"\xc1"]), (b"\x00\x00", [b"\xc1"]),
+                                   (b"\x01\x00", [b"a", b"b"])):
+                peer = RawPeer(zmq.DEALER, identity=identity).connect(address)
+                try:
+                    await peer.send(junk)
+                finally:
+                    await anyio.sleep(0.05)
+                    peer.close()
+            stranger = c.new_engine(5, handshake_timeout=0.3)
+            with anyio.fail_after(5), pytest.raises(HandshakeTimeoutError):
+                await stranger.serve()
+        assert ("refusing a HELLO from an engine with identity b'\\x05\\x00': its rank is "
+                "not one of this client's (ranks 0..1; elastic growth is not supported)"
+                in caplog.text)
+        assert "ignoring a message on the handshake socket from b'stray'" in caplog.text
+        assert c.engine.is_healthy and c.engine.live_engines == [0, 1]
+        # A READY from an engine that sent no HELLO is junk too.
+        peer = RawPeer(zmq.DEALER, identity=b"\x00\x00").connect(address)
+        try:
+            await peer.send([encode_status(StatusMessage(EngineStatus.READY, local=False,
+                                                         headless=True))])
+            await wait_until(lambda: "READY without a HELLO" in caplog.text)
+        finally:
+            peer.close()
+        # Rejoining still works after all that.
+        await c.kill(VICTIM, "sockets closed")
+        new = await c.restart(VICTIM)
+        assert (await stream(c.client, "back", rank=VICTIM))[0] == VICTIM
+        assert any(rid.startswith("back") for rid in new.added_ids)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_restarting_an_engine_again_and_again_leaks_nothing() -> None:
+    async with cluster() as c:
+        fds: list[int] = []
+        for n, way in enumerate(["sockets closed", "sentinel", "sockets closed"]):
+            await c.kill(VICTIM, way)
+            new = await c.restart(VICTIM)
+            await check_serves_again(c, new, f"round{n}")
+            await wait_until(lambda: c.engine.pending_utility_calls == 0)
+            await anyio.sleep(0.1)  # the old engine's context is terminated by now
+            fds.append(_open_fds())
+        assert c.health == [(VICTIM, False), (VICTIM, True)] * 3
+        assert c.engine.in_flight == 0 and c.engine.is_healthy
+        # Steady state: the later restarts hold no more descriptors than the first.
+        assert fds[2] <= fds[0], fds
+
+
+async def test_a_bootstrapped_engine_that_registers_again_rejoins() -> None:
+    async with cluster(bootstrapped=True) as c:
+        await c.kill(VICTIM, "sockets closed")
+        assert c.engine.live_engines == [0, 2]
+        assert gauge(c.client)["1"] == 0.0
+        new = await c.restart(VICTIM, vllm_version="0.33.1")
+        assert c.engine.ready_responses[VICTIM].vllm_version == "0.33.1"
+        assert c.health == [(VICTIM, False), (VICTIM, True)]
+        await check_serves_again(c, new, "boot")
+
+
+async def test_an_engine_of_an_unsupported_version_is_refused_and_stays_down(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with cluster(2) as c:
+        await c.kill(VICTIM, "sockets closed")
+        with caplog.at_level(logging.ERROR, "anyio_genout.engine"):
+            await c.start(VICTIM, vllm_version="0.99.0")
+            await wait_until(lambda: "engine 1 came back but is refused" in caplog.text)
+        assert "0.99.0" in caplog.text
+        assert c.engine.live_engines == [0]
+        with pytest.raises(EngineDeadError, match="engine 1 is down"):
+            await stream(c.client, "nope", rank=VICTIM)
+        # A supported restart after it rejoins.
+        c.scopes[VICTIM].cancel()
+        await c.restart(VICTIM)
+        assert (await stream(c.client, "yes", rank=VICTIM))[0] == VICTIM
