@@ -37,6 +37,15 @@ class ClientConfig:
     Entering such a request raises :class:`~anyio_genout.DuplicateRequestIdError` until a
     later request on the same engine has produced output (proof that those late outputs have
     all been read); see docs/concepts.md, "Aborting by request id".
+
+    ``migration_limit=N`` (0, the default, is off): when the engine running a request dies
+    and the others serve on (``engine.engine_failure="engine"``), the request is resubmitted
+    to a live engine as a continuation (its prompt plus the tokens already delivered, with
+    ``max_tokens`` and ``min_tokens`` reduced by them), up to N times per request; its stream
+    goes on without a gap, a duplicate or an error. Then, and for requests pinned to an
+    engine (``data_parallel_rank``) or with structured outputs, the
+    :class:`~anyio_genout.EngineDeadError` surfaces. Greedy requests continue exactly; a
+    seeded one does not (docs/reliability.md, "Request migration").
     """
 
     engine: EngineCoreClientConfig = attrs.field(factory=EngineCoreClientConfig)
@@ -46,6 +55,12 @@ class ClientConfig:
     vocab_size: int | None = None
     registry: CollectorRegistry | None = attrs.field(default=None, eq=False)
     log_stats_interval: float | None = attrs.field(default=None)
+    migration_limit: int = attrs.field(default=0)
+
+    @migration_limit.validator
+    def _check_migration_limit(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if type(value) is not int or value < 0:
+            raise ValueError(f"migration_limit must be an int of at least 0, got {value!r}")
 
     @log_stats_interval.validator
     def _check_interval(self, attribute: attrs.Attribute[float | None],
@@ -125,7 +140,8 @@ class Client:
         engine_request = request.to_engine_request(internal,
                                                    eos_token_id=self._config.eos_token_id)
         return new_generate_stream(self._engine, self._metrics, self._inflight, engine_request,
-                                   callers_ids=not self._config.randomize_request_ids)
+                                   callers_ids=not self._config.randomize_request_ids,
+                                   migration_limit=self._config.migration_limit)
 
     async def abort(self, request_ids: Sequence[str] = ()) -> None:
         """Abort every live request with one of these external ids (all requests if empty).

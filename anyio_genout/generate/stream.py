@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final, final
 import anyio
 
 from ..engine import EngineCoreClient, EngineCoreOutputStream
-from ..errors import SamplingMaskMismatchError
+from ..errors import EngineDeadError, GenoutError, SamplingMaskMismatchError
 from ..metrics import Metrics, RequestTracker
 from ..protocol import (
     EngineCoreFinishReason,
@@ -32,6 +32,7 @@ from ..protocol import (
 )
 from .abort_cause import AbortCause
 from .inflight import AbortedIds, InflightGuard, InflightRequests
+from .migration import can_migrate, continuation_request, migrated_request_id
 from .output import (
     CollectedGenerateOutput,
     FinishReason,
@@ -63,18 +64,24 @@ class GenerateStream:
     ``randomize_request_ids=False``, an aborted one whose late outputs may still come) or
     the client's sticky health error. Iterate it from one task: a second task that waits for
     an output while another one does gets :class:`anyio.BusyResourceError` at once.
+
+    With ``ClientConfig(migration_limit=N)``, when the engine running the request dies the
+    stream resubmits it to a live engine as a continuation, up to N times, and goes on
+    without a gap, a duplicate or an error (:mod:`.migration`, docs/reliability.md).
     """
 
-    __slots__ = ("_aborted", "_done", "_engine", "_engine_request", "_entered", "_external_id",
-                 "_finish_pending", "_guard", "_inflight", "_matcher", "_metrics", "_number",
-                 "_prompt_pending", "_raw", "_tracker")
+    __slots__ = ("_aborted", "_continued", "_delivered", "_done", "_engine", "_engine_request",
+                 "_entered", "_external_id", "_finish_pending", "_first_pending", "_guard",
+                 "_inflight", "_matcher", "_max_tokens", "_metrics", "_migration_limit",
+                 "_migrations", "_number", "_prompt_pending", "_raw", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                  engine_request: EngineCoreRequest, *, callers_ids: bool,
-                 _made_by: object = None) -> None:
+                 migration_limit: int = 0, _made_by: object = None) -> None:
         """Made by :meth:`Client.generate` (there is no public constructor). ``callers_ids``:
         the engine knows the request by the caller's own id (``randomize_request_ids=False``),
-        so an aborted id is refused for a while (:class:`AbortedIds`)."""
+        so an aborted id is refused for a while (:class:`AbortedIds`). ``migration_limit``:
+        how many times the request may move to another engine when its engine dies."""
         if _made_by is not _MADE_HERE:
             raise TypeError("GenerateStream has no public constructor: use "
                             "`async with client.generate(request) as stream`")
@@ -94,6 +101,17 @@ class GenerateStream:
         self._matcher = (StopSequenceMatcher(
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._prompt_pending = True
+        # The first output of the current engine request is still to come (the fast path
+        # waits for it: prompt info, the AbortedIds witness).
+        self._first_pending = True
+        self._migration_limit = migration_limit
+        self._migrations = 0
+        # The tokens delivered so far while the request may still migrate (else None), the
+        # cap the first engine applied, and whether the current engine request continues one
+        # whose prompt info was delivered (its prefill stats are not the prompt's then).
+        self._delivered: list[int] | None = None
+        self._max_tokens = 0
+        self._continued = False
         self._done = False
         # The terminal output's (received_at, finish label), recorded in the metrics when the
         # caller next touches the stream: a layer above may still re-label it (close(cause)).
@@ -130,6 +148,9 @@ class GenerateStream:
                 max_tokens=raw.max_tokens,
             )
             self._guard = self._inflight.track(self._external_id, request.request_id)
+            self._max_tokens = raw.max_tokens
+            if self._migration_limit and can_migrate(request):
+                self._delivered = []
         except BaseException:
             self._release()
             raise
@@ -200,8 +221,27 @@ class GenerateStream:
 
     @property
     def request_id(self) -> str:
-        """The internal id the engine knows this request by."""
+        """The internal id the engine knows this request by (the first engine's: it stays
+        the stream's id, and its outputs', after a migration; see
+        :attr:`engine_request_id`)."""
         return self._engine_request.request_id
+
+    @property
+    def engine_request_id(self) -> str:
+        """The id of the engine request running now: :attr:`request_id`, or after a
+        migration its continuation's, ``"{request_id}-m{n}-{8 hex}"``.
+
+        Raises:
+            RuntimeError: the stream has not been entered.
+        """
+        if self._raw is None:
+            raise RuntimeError("the stream has not been entered")
+        return self._raw.request_id
+
+    @property
+    def migrations(self) -> int:
+        """How many times the request moved to another engine (its engine died)."""
+        return self._migrations
 
     @property
     def external_request_id(self) -> str:
@@ -243,9 +283,14 @@ class GenerateStream:
             raise StopAsyncIteration
         # A buffered output without a coroutine round trip (once per token); else await it.
         # The checkpoint rule is the engine stream's either way.
-        output = raw.receive_buffered_output()
-        if output is None:
-            output = await raw.receive_output()
+        try:
+            output = raw.receive_buffered_output()
+            if output is None:
+                output = await raw.receive_output()
+        except EngineDeadError as error:
+            if not self._can_migrate(raw, error):
+                raise
+            raw, output = await self._migrate_and_receive(raw, error)
         return self._deliver(raw, output)
 
     def receive_buffered(self) -> list[int] | GenerateOutput | None:
@@ -259,7 +304,13 @@ class GenerateStream:
         raw = self._raw
         if raw is None or self._done or self._finish_pending is not None:
             return None
-        output = raw.receive_buffered_output()
+        try:
+            output = raw.receive_buffered_output()
+        except EngineDeadError as error:
+            if not self._can_migrate(raw, error):
+                raise
+            self._migrate(raw, error)
+            return None  # the continuation's outputs are awaited (receive())
         if output is None:
             return None
         return self._plain_or_output(raw, output)
@@ -287,7 +338,82 @@ class GenerateStream:
             raise StopAsyncIteration
         # Callers try receive_buffered() first: no second try here (the checkpoint rule is
         # the engine stream's either way).
-        return self._plain_or_output(raw, await raw.receive_output())
+        try:
+            output = await raw.receive_output()
+        except EngineDeadError as error:
+            if not self._can_migrate(raw, error):
+                raise
+            raw, output = await self._migrate_and_receive(raw, error)
+        return self._plain_or_output(raw, output)
+
+    # ------------------------------------------------------------------ migration
+
+    def _can_migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError) -> bool:
+        """Whether ``error`` (just raised by ``raw``) is its engine's death, and this request
+        may move to another engine (migration on, not pinned, migrations left, the client
+        healthy)."""
+        ranks = error.ranks
+        return (self._delivered is not None and self._migrations < self._migration_limit
+                and not self._done and ranks is not None and raw.engine_index in ranks
+                and self._engine.is_healthy)
+
+    async def _migrate_and_receive(self, raw: EngineCoreOutputStream, error: EngineDeadError
+                                   ) -> tuple[EngineCoreOutputStream, EngineCoreOutput]:
+        """Move the request off ``raw``'s dead engine and wait for the continuation's first
+        output (moving again if that engine dies too, while migrations are left).
+
+        Raises:
+            EngineDeadError: ``error``, when the request cannot move (see :meth:`_migrate`),
+                or the death of the continuation's engine with no migration left.
+        """
+        while True:
+            raw = self._migrate(raw, error)
+            try:
+                return raw, await raw.receive_output()
+            except EngineDeadError as again:
+                if not self._can_migrate(raw, again):
+                    raise
+                error = again
+
+    def _migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError
+                 ) -> EngineCoreOutputStream:
+        """Resubmit the request as a continuation on a live engine (synchronous: the new
+        engine request is queued, the stream reads from it from now on).
+
+        Raises:
+            EngineDeadError: ``error`` itself, when no engine can take the continuation (the
+                client became unhealthy, nothing is left to generate, the id was refused).
+        """
+        delivered = self._delivered
+        assert delivered is not None and self._tracker is not None
+        number = self._migrations + 1
+        first = self._engine_request
+        try:
+            request = continuation_request(
+                first, self._max_tokens, delivered, migrated_request_id(first.request_id, number),
+                keep_prompt_logprobs=self._prompt_pending)
+            new = self._engine.open_stream(request)
+        except (GenoutError, ValueError) as exc:
+            logger.info("request %s: engine %d died and the request cannot move to another "
+                        "engine: %s", first.request_id, raw.engine_index, exc)
+            raise error from None
+        raw.close()  # ended already (its error was read): nothing is aborted
+        self._raw = new
+        self._migrations = number
+        self._first_pending = True
+        self._continued = not self._prompt_pending
+        # The continuation's id is random: never refused for reuse, never a caller's.
+        self._aborted = None
+        guard = self._guard
+        if guard is not None:
+            guard.release()
+        self._guard = self._inflight.track(self._external_id, new.request_id)
+        self._metrics.record_migration(self._tracker, raw.engine_index, new.engine_index)
+        logger.info("request %s: engine %d died after %d token(s); continuing on engine %d "
+                    "as %s (migration %d of at most %d)", first.request_id, raw.engine_index,
+                    len(delivered), new.engine_index, new.request_id, number,
+                    self._migration_limit)
+        return new
 
     def _plain_or_output(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
                          ) -> list[int] | GenerateOutput:
@@ -298,11 +424,14 @@ class GenerateStream:
          spec_metrics, _prompt_token_id_logprobs, _error) = output
         if (finish_reason is None and logprobs is None and prefill is None and mask is None
                 and kv_params is None and ec_params is None and spec_metrics is None
-                and not self._prompt_pending and self._matcher is None):
+                and not self._first_pending and self._matcher is None):
             tracker = self._tracker
             assert tracker is not None
             tracker.observe_output(raw.timestamp, time.time() if tracker.is_prefilling else 0.0,
                                    output)
+            delivered = self._delivered
+            if delivered is not None:
+                delivered.extend(tokens)
             return tokens
         return self._deliver(raw, output)
 
@@ -320,12 +449,15 @@ class GenerateStream:
                        else 0.0)
         tracker.observe_output(raw.timestamp, received_at, output)
         prompt_info = None
-        if self._prompt_pending:
-            self._prompt_pending = False
+        if self._first_pending:
+            self._first_pending = False
             if self._aborted is not None:
                 self._aborted.witnessed(raw.engine_index, self._number)
-            prompt_info = GeneratePromptInfo(
-                self._engine_request.prompt_token_ids, prompt_logprobs, prompt_token_id_logprobs)
+            if self._prompt_pending:
+                self._prompt_pending = False
+                # The original prompt's, also when a continuation brings it.
+                prompt_info = GeneratePromptInfo(self._engine_request.prompt_token_ids,
+                                                 prompt_logprobs, prompt_token_id_logprobs)
         if mask is not None and len(mask) != len(tokens):
             raise SamplingMaskMismatchError(
                 f"request {rid}: sampling mask has {len(mask)} rows for "
@@ -347,13 +479,19 @@ class GenerateStream:
             finish = FinishReason.stop(sequence)
         elif finish_reason is not None:
             finish = FinishReason.from_engine(finish_reason, stop_reason)
+        delivered = self._delivered
+        if delivered is not None:
+            delivered.extend(tokens)
+            if self._migrations:
+                rid = self._engine_request.request_id  # the stream's id, not the continuation's
         result = GenerateOutput(
             rid,
             tokens,
             prompt_info,
             logprobs,
             finish,
-            prefill.num_cached_tokens if prefill is not None else 0,
+            # A continuation's prefill is of prompt + delivered tokens: not the prompt's.
+            prefill.num_cached_tokens if prefill is not None and not self._continued else 0,
             kv_params,
             ec_params,
             mask,
@@ -381,7 +519,7 @@ class GenerateStream:
 
 def new_generate_stream(engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                         engine_request: EngineCoreRequest, *,
-                        callers_ids: bool) -> GenerateStream:
+                        callers_ids: bool, migration_limit: int = 0) -> GenerateStream:
     """:meth:`Client.generate`'s way to make a stream (package-internal)."""
     return GenerateStream(engine, metrics, inflight, engine_request, callers_ids=callers_ids,
-                          _made_by=_MADE_HERE)
+                          migration_limit=migration_limit, _made_by=_MADE_HERE)

@@ -46,8 +46,8 @@ class Metrics:
     already holds the families (another :class:`Metrics` on it).
     """
 
-    __slots__ = ("_engines", "_exposition", "_max_model_len", "_model_name", "_registry",
-                 "_success_order", "_token_bounds", "_up")
+    __slots__ = ("_engines", "_exposition", "_max_model_len", "_migrations", "_model_name",
+                 "_registry", "_success_order", "_token_bounds", "_up")
 
     def __init__(
         self,
@@ -65,8 +65,9 @@ class Metrics:
         self._engines: dict[int, EngineSeries] = {}
         self._success_order: list[tuple[EngineSeries, str]] = []
         self._up: dict[int, float] = {}
+        self._migrations: dict[int, int] = {}
         self._exposition = Exposition(self._engines, self._token_bounds, self._success_order,
-                                      self._up, str(model_name))
+                                      self._up, str(model_name), self._migrations)
         self._registry.register(self._exposition)
 
     @property
@@ -133,6 +134,20 @@ class Metrics:
         """Set ``anyio_genout:engine_up{engine=...}`` (ours, not vLLM's): 1 while the
         engine is up, 0 once it is down (the client's health listener calls this)."""
         self._up[engine_index] = 1.0 if up else 0.0
+
+    def record_migration(self, tracker: RequestTracker, from_engine: int,
+                         to_engine: int) -> None:
+        """A request moved from the dead engine ``from_engine`` to ``to_engine``: count it in
+        ``anyio_genout:request_migrations_total{engine=from_engine}`` (ours, not vLLM's) and
+        record the rest of ``tracker``'s request under ``to_engine`` (its tokens, latencies
+        and its ``request_success``; what ``from_engine`` made stays counted there)."""
+        self._migrations[from_engine] = self._migrations.get(from_engine, 0) + 1
+        tracker.move_to(self._engine(to_engine))
+
+    @property
+    def migrations(self) -> dict[int, int]:
+        """``anyio_genout:request_migrations_total`` so far, by the engine that died."""
+        return dict(self._migrations)
 
     @property
     def engines_up(self) -> dict[int, bool]:

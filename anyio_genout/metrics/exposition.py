@@ -88,14 +88,16 @@ class Exposition:
     families without samples) lets the registry detect name clashes without collecting.
     """
 
-    __slots__ = ("_engines", "_les", "_model_name", "_success_order", "_up")
+    __slots__ = ("_engines", "_les", "_migrations", "_model_name", "_success_order", "_up")
 
     def __init__(self, engines: dict[int, EngineSeries], token_bounds: tuple[float, ...],
                  success_order: list[tuple[EngineSeries, str]],
-                 up: dict[int, float] | None = None, model_name: str = "") -> None:
+                 up: dict[int, float] | None = None, model_name: str = "",
+                 migrations: dict[int, int] | None = None) -> None:
         self._engines = engines
         self._success_order = success_order
         self._up = {} if up is None else up
+        self._migrations = {} if migrations is None else migrations
         self._model_name = model_name
         # The ``le`` label values of each histogram, formatted as prometheus-client does.
         self._les: dict[str, tuple[str, ...]] = {
@@ -104,12 +106,24 @@ class Exposition:
         }
 
     def describe(self) -> list[Metric]:
-        return [*self._families((), ()), self._engine_up(())]
+        return [*self._families((), ()), self._engine_up(()), self._request_migrations(())]
 
     def collect(self) -> Iterator[Metric]:
         # Copies first: the event loop may add an engine or a reason meanwhile.
         yield from self._families(tuple(self._engines.values()), tuple(self._success_order))
         yield self._engine_up(tuple(self._up.items()))
+        yield self._request_migrations(tuple(self._migrations.items()))
+
+    def _request_migrations(self, counts: Sequence[tuple[int, int]]) -> Metric:
+        """Our own family (not vLLM's): requests moved off each engine that died."""
+        family = CounterMetricFamily(
+            "anyio_genout:request_migrations",
+            "Requests resubmitted to a live engine after this engine died "
+            "(ClientConfig.migration_limit).",
+            labels=LABELS)
+        for index, count in counts:
+            family.add_metric((self._model_name, str(index)), float(count))
+        return family
 
     def _engine_up(self, up: Sequence[tuple[int, float]]) -> Metric:
         """Our own family (not vLLM's): 1 per engine up, 0 per engine down."""

@@ -147,6 +147,10 @@ class RequestTracker:
 
     # ------------------------------------------------------------------ recording
 
+    def move_to(self, series: EngineSeries) -> None:
+        """Record from now on under another engine's series (the request migrated there)."""
+        self._series = series
+
     def observe_output(
         self, batch_timestamp: float, received_at: float, output: EngineCoreOutput
     ) -> None:
