@@ -73,12 +73,16 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(victim_faults: MockFaults | None = None,
+async def cluster(victim_faults: MockFaults | None = None, *,
+                  mock: dict[str, Any] | None = None, generate: dict[str, Any] | None = None,
                   **config: Any) -> AsyncIterator[Cluster]:
+    """``mock``: more MockEngineConfig settings; ``generate``: ClientConfig settings; the
+    rest: EngineCoreClientConfig settings."""
     address = f"tcp://127.0.0.1:{free_port()}"
     engines = [MockEngine(MockEngineConfig(
         handshake_address=address, rank=rank, step_time=0.01, linger=0.0,
-        faults=(victim_faults if rank == VICTIM and victim_faults else MockFaults())))
+        faults=(victim_faults if rank == VICTIM and victim_faults else MockFaults()),
+        **(mock or {})))
         for rank in range(ENGINES)]
     scopes = [anyio.CancelScope() for _ in engines]
 
@@ -96,7 +100,8 @@ async def cluster(victim_faults: MockFaults | None = None,
         engine_config = EngineCoreClientConfig(handshake_address=address,
                                                engine_count=ENGINES, **settings)
         async with EngineCoreClient.connect(engine_config) as engine:
-            client = Client(engine, ClientConfig(engine=engine_config, model_name="faults"))
+            client = Client(engine, ClientConfig(engine=engine_config, model_name="faults",
+                                                 **(generate or {})))
             try:
                 yield Cluster(client, engines, scopes)
             finally:
