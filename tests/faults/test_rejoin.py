@@ -33,7 +33,7 @@ from anyio_genout import (
     EngineDeadError,
     HandshakeTimeoutError,
 )
-from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
 from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
 from tests.engine.fake import free_port
 from tests.faults.support import RawPeer, generate_request
@@ -92,7 +92,10 @@ class Cluster:
 
 @asynccontextmanager
 async def cluster(engines: int = 3, *, bootstrapped: bool = False,
+                  victim: dict[str, Any] | None = None,
                   **config: Any) -> AsyncIterator[Cluster]:
+    """``engines`` mock engines (``victim``: the first engine ``VICTIM``'s overrides) and
+    a generate :class:`Client` over them."""
     if bootstrapped:
         inp, out = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         mock: dict[str, Any] = {"input_address": inp, "output_addresses": (out,)}
@@ -108,7 +111,7 @@ async def cluster(engines: int = 3, *, bootstrapped: bool = False,
     async with anyio.create_task_group() as tg:
         holder = Cluster(None, tg, {"step_time": 0.002, **mock})  # type: ignore[arg-type]
         for rank in range(engines):
-            await holder.start(rank)
+            await holder.start(rank, **(victim or {}) if rank == VICTIM else {})
         async with EngineCoreClient.connect(engine_config) as engine:
             holder.client = Client(engine, ClientConfig(engine=engine_config,
                                                         model_name="rejoin"))
@@ -261,6 +264,19 @@ async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
         new = await c.restart(VICTIM)
         assert (await stream(c.client, "back", rank=VICTIM))[0] == VICTIM
         assert any(rid.startswith("back") for rid in new.added_ids)
+
+
+async def test_a_hung_engine_restarted_takes_over_its_identity_and_rejoins() -> None:
+    # The hung engine's process lives on with its connections open (found by the liveness
+    # check): the new engine takes its identity over (ROUTER_HANDOVER) on both sockets.
+    async with cluster(victim={"faults": MockFaults(silent_after_steps=0)},
+                       liveness_interval=0.2, liveness_timeout=2.0) as c:
+        hung = c.engines[VICTIM]
+        await wait_until(lambda: VICTIM not in c.engine.live_engines, 10)
+        assert "did not answer a liveness check" in str(c.engine.engine_health[VICTIM])
+        new = await c.restart(VICTIM)
+        await check_serves_again(c, new, "hung")
+        assert not hung.added_ids  # nothing went to the old process
 
 
 def _open_fds() -> int:
