@@ -14,7 +14,7 @@ Task layout (one client-level task group, run by :mod:`.connection`, started by
 * the **connection watchers**, the **prober** and the **liveness** task, which find an
   engine that vanished or hung (:mod:`.watchers`);
 * the **handshake reader** (handshake owner only), which answers restarted engines that
-  dial the handshake socket again (:class:`~.handshake.Rejoins`; a registration on the
+  dial the handshake socket again (:class:`~.rejoin.Rejoins`; a registration on the
   input socket reaches it through the input drain).
 
 Sends on the input ROUTER are queued (``NOBLOCK`` with an unbounded high-water mark never
@@ -50,10 +50,11 @@ from ..protocol import (
 from .aborts import AbortQueue
 from .config import EngineCoreClientConfig
 from .connection import Connection
-from .handshake import BoundSockets, Rejoins
+from .handshake import BoundSockets
 from .input import EngineInput
 from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
+from .rejoin import Rejoins
 from .routing import Router, make_router
 from .stream import CallScope, EngineCoreOutputStream, new_output_stream
 from .utility import UtilityCalls

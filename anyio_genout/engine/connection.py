@@ -1,6 +1,7 @@
 """``async with EngineCoreClient.connect(config)``: the client's lifetime.
 
-Entering makes the ZeroMQ context, binds the sockets, runs the handshake, makes the client,
+Entering makes the ZeroMQ context, binds the sockets, runs the handshake (whose socket stays
+open for engines that come back, :mod:`.rejoin`), makes the client,
 dispatches the outputs that arrived before READY, and starts the client's tasks in a task
 group of their own. Leaving closes the client (its final ABORTs, the sticky
 :class:`~anyio_genout.ClientClosedError`, the sockets), cancels the tasks, and terminates the

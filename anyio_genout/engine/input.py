@@ -39,7 +39,7 @@ class EngineInput:
                  fail: Callable[[ClientUnhealthyError], None],
                  take: Callable[[list[Any]], bool] | None = None) -> None:
         """``take(frames)``: whether a message the drain received is wanted after all (a
-        restarted engine's registration, :class:`~.handshake.Rejoins`), not junk."""
+        restarted engine's registration, :class:`~.rejoin.Rejoins`), not junk."""
         self._socket = socket
         self._take = take
         self._outbox = Outbox(socket)

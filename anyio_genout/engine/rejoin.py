@@ -1,0 +1,205 @@
+"""Engines that come back: the handshake socket after start-up (docs/reliability.md).
+
+As handshake owner the client keeps its handshake ROUTER open after start-up (with
+``ROUTER_HANDOVER``, so a restarted engine can take over the identity of a predecessor whose
+connection is still open) and :class:`Rejoins` answers on it. Bootstrapped, a registration
+on the input socket is the whole handshake again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import anyio.lowlevel
+import attrs
+import zmq
+
+from ..errors import GenoutError, TransportError
+from ..protocol import (
+    EngineCoreReadyResponse,
+    EngineStatus,
+    HandshakeAddresses,
+    check_version,
+    decode_ready_response,
+    decode_status,
+    encode_init,
+    engine_identity,
+)
+from ..transport import ZmqSocket
+from .config import EngineCoreClientConfig
+from .handshake import MAX_JUNK_LOGGED, BoundSockets
+
+__all__ = ["RejoinHandler", "Rejoins"]
+
+logger = logging.getLogger("anyio_genout.engine")
+
+#: Called with ``(rank, ready_response)`` when an engine that was down completed its
+#: handshake again; returns why it is refused (logged), or None once it is back.
+RejoinHandler = Callable[[int, EngineCoreReadyResponse], str | None]
+
+
+@attrs.define
+class _Rejoining:
+    """A restarted engine between its HELLO and its rejoining."""
+
+    registration: EngineCoreReadyResponse | None = None
+    ready: bool = False
+
+
+class Rejoins:
+    """Engines that come back after start-up (package-internal; docs/reliability.md).
+
+    As handshake owner, the client keeps its handshake ROUTER open and answers on: a HELLO
+    from an engine of a known rank that is down gets INIT with the same addresses; its
+    registration on the input socket (handed over by the input drain,
+    :meth:`on_input`) and its READY (either order) make it rejoin (``rejoin``). A HELLO
+    from a rank that is up, or outside ``engine_ranks``, is refused with a log line and no
+    INIT (elastic growth is not supported). Junk is logged and ignored, as at start-up.
+    Bootstrapped, an engine that registers on the input socket while it is down rejoins at
+    once. Never raises out of :meth:`run` but on cancellation; the handshake socket's
+    closing ends it.
+    """
+
+    def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
+                 is_up: Callable[[int], bool], rejoin: RejoinHandler) -> None:
+        self._config = config
+        self._handshake = sockets.handshake
+        self._input = sockets.input
+        self._init = encode_init(HandshakeAddresses([sockets.input_address],
+                                                    [sockets.output_address]))
+        self._ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
+        self._is_up = is_up
+        self._rejoin = rejoin
+        self._pending: dict[int, _Rejoining] = {}
+        self._junk = 0
+        #: HELLOs (bootstrapped: registrations) refused, and engines that rejoined.
+        self.refused = 0
+        self.rejoined = 0
+
+    def engines_down(self, down: bool) -> None:
+        """Whether an engine is down: only then may a new input connection take over an
+        engine's identity (``ROUTER_HANDOVER``), for the restarted engine whose hung
+        predecessor may still hold it."""
+        try:
+            self._input.raw.setsockopt(zmq.ROUTER_HANDOVER, 1 if down else 0)
+        except zmq.ZMQError:  # closed meanwhile
+            pass
+        if not down:
+            self._pending.clear()
+
+    async def run(self) -> None:
+        """The handshake socket's reader after start-up, until the socket closes."""
+        sock = self._handshake
+        if sock is None:
+            return
+        try:
+            while True:
+                frames = sock.receive_nowait()
+                if frames is None:
+                    await sock.wait_readable()
+                    continue
+                self._on_handshake(sock, frames)
+                await anyio.lowlevel.checkpoint()  # a flood of junk cannot starve the loop
+        except anyio.ClosedResourceError:
+            return
+        except TransportError as exc:
+            logger.warning("the handshake socket failed; restarted engines cannot rejoin: "
+                           "%s", exc)
+
+    def _on_handshake(self, sock: ZmqSocket, frames: list[zmq.Frame]) -> None:
+        identity = bytes(frames[0].buffer)
+        rank = self._ranks.get(identity)
+        if len(frames) != 2:
+            self._ignore(identity, "handshake", f"{len(frames)} frames")
+            return
+        try:
+            message = decode_status(bytes(frames[1].buffer))
+        except GenoutError as exc:
+            self._ignore(identity, "handshake", str(exc))
+            return
+        if message.status is EngineStatus.HELLO:
+            if rank is None:
+                self.refused += 1
+                logger.warning(
+                    "refusing a HELLO from an engine with identity %r: its rank is not one "
+                    "of this client's (%s; elastic growth is not supported), no INIT sent",
+                    identity[:16], _ranks(self._config.engine_ranks))
+            elif self._is_up(rank):
+                self.refused += 1
+                logger.warning("refusing a HELLO from engine %d: engine %d is up (a "
+                               "duplicate, or its restart came before its death was "
+                               "found), no INIT sent", rank, rank)
+            else:
+                self._pending[rank] = _Rejoining()
+                logger.info("engine %d said HELLO again (local=%s, headless=%s): sent INIT, "
+                            "waiting for it to register and say READY", rank, message.local,
+                            message.headless)
+                sock.send_nowait([identity, self._init])
+            return
+        pending = self._pending.get(rank) if rank is not None else None
+        if pending is None or pending.ready:
+            self._ignore(identity, "handshake", "READY without a HELLO")
+            return
+        pending.ready = True
+        assert rank is not None
+        self._complete(rank, pending)
+
+    def on_input(self, frames: list[zmq.Frame]) -> bool:
+        """Whether ``frames``, received on the input socket after start-up, were an engine's
+        registration (taken; else the drain discards them as junk)."""
+        if len(frames) != 2:
+            return False
+        rank = self._ranks.get(bytes(frames[0].buffer))
+        if rank is None or self._is_up(rank):
+            return False
+        pending = self._pending.get(rank)
+        if self._handshake is not None and (pending is None or pending.registration):
+            return False  # no HELLO first (or registered twice): not a rejoin
+        try:
+            response = decode_ready_response(bytes(frames[1].buffer))
+        except GenoutError as exc:
+            logger.warning("engine %d: undecodable registration on the input socket, "
+                           "ignored: %s", rank, exc)
+            self._pending.pop(rank, None)
+            return True
+        if pending is None:  # bootstrapped: the registration is the whole handshake
+            pending = _Rejoining(ready=True)
+        pending.registration = response
+        self._pending[rank] = pending
+        logger.info("engine %d registered again: vLLM %s, max_model_len %d", rank,
+                    response.vllm_version, response.max_model_len)
+        self._complete(rank, pending)
+        return True
+
+    def _complete(self, rank: int, pending: _Rejoining) -> None:
+        response = pending.registration
+        if response is None or not pending.ready:
+            return
+        del self._pending[rank]
+        why: str | None = None
+        if self._config.check_version:
+            try:
+                check_version(response.vllm_version)
+            except GenoutError as exc:
+                why = str(exc)
+        if why is None:
+            why = self._rejoin(rank, response)
+        if why is not None:
+            self.refused += 1
+            logger.error("engine %d came back but is refused and stays down: %s", rank, why)
+            return
+        self.rejoined += 1
+
+    def _ignore(self, identity: bytes, where: str, why: str) -> None:
+        self._junk += 1
+        if self._junk <= MAX_JUNK_LOGGED:
+            logger.warning("ignoring a message on the %s socket from %r after start-up: %s",
+                           where, identity[:16], why)
+        elif self._junk == MAX_JUNK_LOGGED + 1:
+            logger.warning("ignoring more junk on the handshake socket without logging it")
+
+
+def _ranks(ranks: range) -> str:
+    return f"ranks {ranks.start}..{ranks.stop - 1}" if len(ranks) > 1 else f"rank {ranks.start}"
