@@ -190,12 +190,14 @@ async def test_both_workers_stream_from_the_one_engine_at_the_same_time(
 
     async def watch(pid: int, client: httpx.AsyncClient) -> None:
         """The engine's own count of running requests, as this worker last heard it (every
-        50 ms: Hypercorn closes a connection after 1000 requests, unpinning it)."""
-        while True:
+        50 ms: Hypercorn closes a connection after 1000 requests, unpinning it). It ends
+        between requests: one cancelled mid-way would close the pinned connection."""
+        while not streamed.is_set():
             text = _on(cluster, pid, await client.get("/metrics")).text
             running.append(_sample(text, "vllm:num_requests_running"))
             await anyio.sleep(0.05)
 
+    streamed = anyio.Event()
     with anyio.fail_after(120):
         async with anyio.create_task_group() as watchers:
             for pid, clients in pinned.items():
@@ -204,7 +206,7 @@ async def test_both_workers_stream_from_the_one_engine_at_the_same_time(
                 for pid, clients in pinned.items():
                     for client in clients[1:]:
                         tg.start_soon(stream, pid, client)
-            watchers.cancel_scope.cancel()
+            streamed.set()
     assert len(usage) == 2 * PER_WORKER
     assert all(u["completion_tokens"] == STREAM_TOKENS for u in usage), usage
     # The engine ran more requests at once than one worker had: both workers' at once.
