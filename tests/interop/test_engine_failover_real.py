@@ -12,6 +12,7 @@ Needs about 6 GB of free memory (skipped otherwise); three engine start-ups per 
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -31,11 +32,12 @@ from anyio_genout import (
 )
 from anyio_genout.vllm import VllmEngines, spawn_vllm_engines
 
-from .conftest import GREEDY_16, INTEROP_TIMEOUT, PROMPT, RealVllm, _log, free_port, unique_id
+from .conftest import GREEDY_16, INTEROP_TIMEOUT, PROMPT, RealVllm, free_port, unique_id
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(2 * INTEROP_TIMEOUT)]
 
 NEEDED_MEMORY = 6 * 2**30
+_log = logging.getLogger("tests.interop")
 #: Long enough to be mid-stream when the kill lands (the engines' max_model_len is 512).
 LONG = 500
 
