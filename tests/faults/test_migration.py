@@ -31,7 +31,7 @@ from anyio_genout import (
     TextClient,
     TextRequest,
 )
-from anyio_genout.mock import MockFaults, greedy_tokens
+from anyio_genout.mock import MockFaults, greedy_tokens, sampled_tokens
 from tests.faults.support import generate_request
 from tests.faults.test_engine_failure_per_engine import (
     ENGINES,
@@ -240,6 +240,23 @@ async def test_a_request_out_of_migrations_gets_its_one_error() -> None:
         tokens, error, killed = await _one_long_stream(c, request, kills=2)
         assert error is None and tokens == want  # two moves allowed: it finishes
         assert c.client.metrics.migrations == {killed[0]: 1, killed[1]: 1}
+
+
+async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
+    # As in vLLM, the continuation's sampling starts afresh from the seed: the tokens after
+    # the move are the seeded stream of prompt + delivered tokens, not the undisturbed run's.
+    prompt = [5, 6, 7]
+    request = GenerateRequest(request_id="seeded", prompt_token_ids=prompt,
+                              sampling_params=SamplingParams(temperature=1.0, seed=7,
+                                                             max_tokens=40))
+    undisturbed = sampled_tokens(prompt, 40, seed=7)
+    async with cluster(mock=MOCK, generate={"migration_limit": 1},
+                       liveness_interval=None) as c:
+        tokens, error, _killed = await _one_long_stream(c, request, kills=1)
+    assert error is None and len(tokens) == 40 and tokens != undisturbed
+    moved_at = [k for k in range(3, 40) if tokens == undisturbed[:k] + sampled_tokens(
+        prompt + undisturbed[:k], 40 - k, seed=7)]
+    assert len(moved_at) == 1, moved_at
 
 
 async def test_pinned_requests_are_not_migrated() -> None:
