@@ -310,6 +310,30 @@ async def test_leaving_the_scope_mid_migration_aborts_once_on_the_new_engine() -
         assert engine.in_flight == 0
 
 
+async def test_client_abort_by_external_id_reaches_the_continuation() -> None:
+    async with cluster(mock=MOCK, generate={"migration_limit": 1},
+                       liveness_interval=None) as c:
+        client = c.client
+        finish: list[FinishReason | None] = []
+        with anyio.fail_after(10):
+            async with client.generate(generate_request("ext", max_tokens=300)) as stream:
+                async for out in stream:
+                    if out.finish_reason is not None:
+                        finish.append(out.finish_reason)
+                    elif stream.migrations == 0 and len(out.token_ids) and stream.engine_index \
+                            in client.engine.live_engines:
+                        kill_now(c, stream.engine_index)
+                    elif stream.migrations == 1:
+                        await client.abort(["ext"])
+        assert finish == [FinishReason.ABORT]
+        new_id = stream.engine_request_id
+        assert "-m1-" in new_id
+        new_engine = c.engines[stream.engine_index]
+        await wait_until(lambda: new_engine.aborted_ids)  # the ABORT frame is on its way
+        assert new_engine.aborted_ids == [new_id]
+        assert client.inflight.all_internal_ids() == []
+
+
 # ---------------------------------------------------------------------- through TextClient
 
 TEXT_STREAMS = 60
