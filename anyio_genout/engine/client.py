@@ -42,6 +42,7 @@ from ..errors import (
 from ..protocol import (
     EngineCoreFinishReason,
     EngineCoreOutput,
+    EngineCoreOutputs,
     EngineCoreReadyResponse,
     EngineCoreRequest,
     encode_add,
@@ -60,6 +61,7 @@ from .stream import CallScope, EngineCoreOutputStream, new_output_stream
 from .utility import UtilityCalls
 from .utility_calls import PendingCalls, copy_error
 from .watchers import EngineWatch
+from .waves import WaveControl
 
 __all__ = ["EngineCoreClient", "HealthListener"]
 
@@ -113,6 +115,11 @@ class EngineCoreClient(UtilityCalls):
             lambda: len(self._registry.requests), self.fail_engines)
         self._reader = OutputReader(sockets.output, self._registry, self._calls, self._watch,
                                     self.fail)
+        self._waves: WaveControl | None = None
+        if config.data_parallel_waves:  # a lockstep MoE group (waves.py)
+            self._waves = WaveControl(self._send_input, lambda: self._registry.live,
+                                      lambda: len(self._registry.requests))
+            self._reader.wave_control = self._wave_control
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -322,12 +329,17 @@ class EngineCoreClient(UtilityCalls):
                 request = attrs.evolve(request, max_tokens=max_tokens)
         registry = self._registry
         engine, ticket = registry.choose_engine(request)
+        waves = self._waves
+        if waves is not None and request.current_wave != waves.current_wave:
+            request = attrs.evolve(request, current_wave=waves.current_wave)
         frames = encode_add(request)
         entry = registry.register(request.request_id, engine, ticket)  # DuplicateRequestIdError
         try:
             # An abort of an earlier request with this id may still be queued: send it
             # first, or the engine would see a duplicate id and die.
             self._aborts.send_pending_now(request.request_id)
+            if waves is not None:
+                waves.request(engine)  # START_DP_WAVE first if the group is paused
             self._send_input(engine, frames)
         except BaseException:
             registry.remove(request.request_id)
@@ -505,6 +517,13 @@ class EngineCoreClient(UtilityCalls):
         self._aborts.clear()
         for rank in sorted(registry.live):
             self._tell_health(rank, False)
+
+    def _wave_control(self, message: EngineCoreOutputs) -> None:
+        assert self._waves is not None
+        try:
+            self._waves.control(message)
+        except ClientUnhealthyError:  # sending failed: the client is failed already
+            pass
 
     def _rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
         """Engine ``rank``, down, completed its handshake again (a restarted engine): put it

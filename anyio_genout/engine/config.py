@@ -154,6 +154,13 @@ class EngineCoreClientConfig:
     of its prompt, unless that engine's score exceeds the least-loaded one's by more than
     ``prefix_imbalance_threshold``; it remembers at most ``prefix_memory_blocks`` block
     hashes per engine. A bad value raises :class:`ValueError` naming the field.
+
+    ``data_parallel_waves``: the engines are one data-parallel MoE group that steps in
+    lockstep (vLLM's request waves, :mod:`.waves`): every request carries the group's
+    ``current_wave``, a request while the group is paused first wakes the other engines
+    (``START_DP_WAVE`` on the input socket), and the engines' ``wave_complete`` /
+    ``start_wave`` messages on the output socket are followed instead of failing the
+    client. Off by default (independent engines never send them).
     """
 
     handshake_address: str = attrs.field(default=DEFAULT_HANDSHAKE_ADDRESS, validator=_address)
@@ -185,6 +192,7 @@ class EngineCoreClientConfig:
                                                     validator=_non_negative)
     prefix_memory_blocks: int = attrs.field(default=DEFAULT_MEMORY_BLOCKS,
                                             validator=_at_least_one)
+    data_parallel_waves: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.bootstrapped and (self.input_address is None or self.output_address is None):

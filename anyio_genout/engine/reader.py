@@ -3,7 +3,8 @@
 It drains every queued message (``MAX_READ_BATCH`` a pass), decodes it with the protocol
 core, and hands each part over without ever waiting: a request's output to its mailbox
 (the consumer drains it at its own pace), a utility reply to its caller, scheduler
-statistics to the listeners. ``ENGINE_CORE_DEAD``, an undecodable message or data-parallel
+statistics to the listeners, data-parallel wave control to ``wave_control`` (if the client
+follows waves). ``ENGINE_CORE_DEAD``, an undecodable message or other data-parallel
 control fails the client (the ``fail`` callable it hands over), whose failure path calls
 :meth:`OutputReader.stop`.
 """
@@ -27,6 +28,7 @@ from ..errors import (
 from ..protocol import (
     DpControl,
     EngineCoreOutput,
+    EngineCoreOutputs,
     EngineDead,
     RequestBatch,
     SchedulerStats,
@@ -67,6 +69,8 @@ class OutputReader:
         self._stopped = False
         self.stats_listeners: list[StatsListener] = []
         self.death_explainers: list[DeathExplainer] = []
+        #: Takes data-parallel wave control (``data_parallel_waves``); None: it is fatal.
+        self.wave_control: Callable[[EngineCoreOutputs], None] | None = None
 
     def stop(self) -> None:
         """The client failed: the reader returns after the message it handles (if any)."""
@@ -125,6 +129,9 @@ class OutputReader:
                 watch.learn(m.engine_index, frames[0])
             self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
                                  m.finished_requests)
+            if self.wave_control is not None and (m.wave_complete is not None
+                                                  or m.start_wave is not None):
+                self.wave_control(m)
         elif type(message) is UtilityReply:
             calls = self._calls
             call_id = message.reply.call_id
@@ -141,6 +148,9 @@ class OutputReader:
             rank = watch.engine_of(frames[0])
             self._fail(EngineDeadError(self._engine_core_dead_message(rank),
                                        ranks=None if rank is None else (rank,)))
+        elif self.wave_control is not None:
+            assert isinstance(message, DpControl)
+            self.wave_control(message.message)
         else:
             assert isinstance(message, DpControl)
             self._fail(ProtocolError(
