@@ -247,7 +247,11 @@ async def test_streams_dropped_mid_way_are_aborted_once_each_and_the_engine_is_f
     dropped = dict.fromkeys(cluster.workers, 0)
     body = _completion(PROMPT, DROPPED_TOKENS, ignore_eos=True, stream=True)
     for _ in range(40):
-        conn = await open_sse(cluster.base, body, events=3)
+        try:
+            conn = await open_sse(cluster.base, body, events=3)
+        except TimeoutError:
+            raise AssertionError(f"no 3 events within 5 s; the server said:\n"
+                                 f"{cluster.output.err[-3000:]}") from None
         owner = cluster.owner(conn.extra(anyio.abc.SocketAttribute.local_port))
         await conn.aclose()
         assert owner is not None
