@@ -388,6 +388,7 @@ class GenerateStream:
         assert delivered is not None and self._tracker is not None
         number = self._migrations + 1
         first = self._engine_request
+        new: EngineCoreOutputStream | None = None
         try:
             request = continuation_request(
                 first, self._max_tokens, delivered, migrated_request_id(first.request_id, number),
@@ -396,7 +397,8 @@ class GenerateStream:
         except (GenoutError, ValueError) as exc:
             logger.info("request %s: engine %d died and the request cannot move to another "
                         "engine: %s", first.request_id, raw.engine_index, exc)
-            raise error from None
+        if new is None:
+            raise error  # outside the handler: the caller's own error, its context unchanged
         raw.close()  # ended already (its error was read): nothing is aborted
         self._raw = new
         self._migrations = number
