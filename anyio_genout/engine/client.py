@@ -226,6 +226,13 @@ class EngineCoreClient(UtilityCalls):
         return len(self._registry.requests)
 
     @property
+    def wave_state(self) -> tuple[int, bool] | None:
+        """``(current_wave, engines_running)`` of the data-parallel group as this client
+        knows it; None unless ``data_parallel_waves``."""
+        state = None if self._waves is None else self._waves.state
+        return None if state is None else (state.current_wave, state.engines_running)
+
+    @property
     def pending_utility_calls(self) -> int:
         return len(self._calls)
 

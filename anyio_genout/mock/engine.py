@@ -64,6 +64,7 @@ from .request import Request
 from .scheduler import Pause, Scheduler
 from .step import Stepper
 from .utility import UtilityCalls
+from .waves import WaveGroup, WaveMember
 from .wire import OutputWriter, pack
 
 __all__ = ["MockEngine"]
@@ -75,6 +76,8 @@ _GARBAGE: Final = b"\xc1"  # the one byte msgpack never uses
 #: peer that is gone takes longer; closing the engine's context waits that long for it).
 _READY_LINGER: Final = 0.5
 #: Input-socket events that tell the front end is gone (until_client_leaves).
+#: Seconds between looks at the group while an engine waits in the collective (waves).
+_COLLECTIVE_POLL: Final = 0.002
 _CLIENT_EVENTS: Final = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                          | zmq.EVENT_CONNECT_RETRIED)
 
@@ -96,7 +99,9 @@ class MockEngine:
       :meth:`serve` returned.
     """
 
-    def __init__(self, config: MockEngineConfig) -> None:
+    def __init__(self, config: MockEngineConfig, *, waves: WaveGroup | None = None) -> None:
+        """``waves``: this engine is one of a data-parallel group in lockstep waves
+        (:mod:`.waves`; every engine of the group gets the same group)."""
         self.config = config
         self.received: list[Received] = []
         self.deaf = False
@@ -114,6 +119,10 @@ class MockEngine:
         #: One DEALER per front end (INIT may name several: vLLM's ``--api-server-count``).
         self._inputs: list[ZmqSocket] = []
         self._input_monitor: ZmqSocket | None = None
+        #: This engine's wave state (``waves`` given), else None.
+        self.wave: WaveMember | None = None if waves is None else waves.join(
+            config.rank, lambda: bool(scheduler.running or scheduler.waiting),
+            writer.send_to_all)
 
     # ------------------------------------------------------------------ observable state
 
@@ -344,17 +353,32 @@ class MockEngine:
                 return
             if self.silent:
                 await anyio.sleep_forever()
-            if sched.has_step_work():
+            work = sched.has_step_work()
+            wave = self.wave
+            if wave is not None and wave.wants_step(work):
+                if not wave.may_step():  # waiting in the collective for the group to run
+                    unpaced_steps = 0
+                    await self._wait_input(_COLLECTIVE_POLL)
+                    continue
+                work = True
+            if work:
                 paced = step_time > 0
                 now = anyio.current_time() if paced else 0.0
                 if not paced or now >= next_step:
-                    step()
+                    if wave is not None and not sched.has_step_work():
+                        wave.dummy_step()
+                    else:
+                        step()
                     if writer.blocked:
                         await writer.send_blocked()
                     if self._check_faults():
                         return
                     resolve_pauses()
                     next_step = now + step_time + sched.take_prefill_time()
+                    if wave is not None:
+                        if sched.dirty:
+                            sched.purge()
+                        wave.after_step()
                 if not paced:
                     unpaced_steps += 1
                     if unpaced_steps >= steps_per_checkpoint:
@@ -436,7 +460,11 @@ class MockEngine:
             self._writer.die("EXECUTOR_FAILED request received: Executor failed.")
             return
         if kind == b"\x02":
-            self.errors.append("Unrecognized input request type encountered: START_DP_WAVE")
+            if self.wave is None:
+                self.errors.append("Unrecognized input request type encountered: "
+                                   "START_DP_WAVE")
+            elif (error := self.wave.start_dp_wave(frames[1] if len(frames) > 1 else b"")):
+                self.errors.append(error)
             return
         try:
             request = decode_request(frames)  # as strict as vLLM's msgspec decoder
@@ -449,6 +477,8 @@ class MockEngine:
         if self.config.keep_history:
             self.received.append(request)
         if isinstance(request, AddRequest):
+            if self.wave is not None:
+                self.wave.add(request.request.current_wave)
             self._scheduler.add(request)
         elif isinstance(request, AbortRequest):
             self._scheduler.abort(request.request_ids)
