@@ -369,9 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds (default 60)")
     parser.add_argument("--backend", choices=["asyncio", "uvloop", "trio"], default="asyncio")
     parser.add_argument("--slots", type=int, default=3, help="clients side by side")
-    parser.add_argument("--engines", type=int, default=2, help="mock engines per client")
+    parser.add_argument("--engines", type=int, default=None,
+                        help="mock engines per client (default 2; 4 with --kill-engines)")
     parser.add_argument("--workers", type=int, default=48, help="request loops per client")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-engines", action="store_true",
+                        help="instead: one client over --engines engines (4 if not given) "
+                             "killed and restarted at random under load, request migration "
+                             "on (tools/soak_engines.py)")
+    parser.add_argument("--migration-limit", type=int, default=3,
+                        help="with --kill-engines: migrations per request (default 3)")
     parser.add_argument("--verbose", action="store_true",
                         help="show the client's and the engines' log (faults log errors)")
     args = parser.parse_args(argv)
@@ -384,6 +391,21 @@ def main(argv: list[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    if args.kill_engines:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from soak_engines import kill_engines_soak
+
+        args.engines = args.engines or 4
+        problems = anyio.run(kill_engines_soak, args, say, rss, backend=backend,
+                             backend_options=options)
+        if problems:
+            print(f"FAILED: {len(problems)} problem(s):")
+            for problem in problems:
+                print(f"  {problem}")
+            return 1
+        print("OK: zero lost requests, zero leaks")
+        return 0
+    args.engines = args.engines or 2
     totals = anyio.run(soak, args, say, backend=backend, backend_options=options)
     if totals.problems:
         print(f"FAILED: {len(totals.problems)} leak(s) or mismatch(es):")
