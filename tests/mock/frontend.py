@@ -20,6 +20,7 @@ import msgpack
 import zmq
 
 from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.mock.waves import WaveGroup
 from anyio_genout.protocol import (
     Classified,
     EngineCoreOutput,
@@ -170,9 +171,10 @@ class FrontEnd:
 
 @asynccontextmanager
 async def running_engine(config: MockEngineConfig | None = None, *, n_outputs: int = 1,
-                         bootstrapped: bool = False, **overrides: Any,
-                         ) -> AsyncIterator[tuple[MockEngine, FrontEnd]]:
-    """Bind a front end, start a mock engine against it and complete the handshake."""
+                         bootstrapped: bool = False, waves: WaveGroup | None = None,
+                         **overrides: Any) -> AsyncIterator[tuple[MockEngine, FrontEnd]]:
+    """Bind a front end, start a mock engine against it and complete the handshake
+    (``waves``: the engine joins that data-parallel wave group)."""
     context = new_context()
     front = FrontEnd(context, n_outputs)
     try:
@@ -182,7 +184,7 @@ async def running_engine(config: MockEngineConfig | None = None, *, n_outputs: i
                                output_addresses=tuple(front.output_addresses), **overrides)
         else:
             cfg = attrs.evolve(base, handshake_address=front.handshake_address, **overrides)
-        engine = MockEngine(cfg)
+        engine = MockEngine(cfg, waves=waves)
         engine_scope = anyio.CancelScope()
         front.stop_engine = engine_scope.cancel
 
