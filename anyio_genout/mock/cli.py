@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 
 import anyio
+import attrs
 
 from ..cli.backends import BACKENDS, anyio_run_arguments, require_backend
 from ..cli.engines import interruptible
@@ -37,6 +38,7 @@ from ..cli.helpformat import HelpFormatter
 from ..errors import GenoutError, HandshakeTimeoutError
 from .config import MockEngineConfig, MockFaults
 from .engine import MockEngine
+from .waves import WaveGroup
 
 __all__ = ["DEFAULT_PROG", "build_parser", "config_from_args", "main"]
 
@@ -132,6 +134,11 @@ def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
     run.add_argument("--handshake-timeout", type=float, default=None, metavar="SECONDS",
                      help="exit 1 if no front end sends INIT this long after HELLO (default: "
                           "wait as long as it takes; a real engine gives up after 300)")
+    run.add_argument("--dp-wave-group", type=int, default=None, metavar="N",
+                     help="run N engines (ranks --rank .. --rank+N-1) in this process as one "
+                          "data-parallel MoE group in lockstep waves (see docs/routing.md, "
+                          "Data-parallel waves; handshake mode only; default: one engine, no "
+                          "waves)")
     run.add_argument("--backend", choices=BACKENDS, default="asyncio",
                      help="event loop to run on")
     run.add_argument("--uvloop", action="store_true",
@@ -236,8 +243,44 @@ async def _serve_clients(config: MockEngineConfig, *, once: bool, say: _Say) -> 
         waiting = "waiting for the next client"
 
 
-async def _run(config: MockEngineConfig, once: bool, say: _Say) -> int:
+async def _serve_wave_groups(config: MockEngineConfig, count: int, *, once: bool,
+                             say: _Say) -> int:
+    """:func:`_serve_clients` for ``--dp-wave-group``: ``count`` engines in one wave group
+    per client; one engine's death ends them all."""
+    waiting = "waiting for a client"
+    while True:
+        say(f"{waiting} (dialing handshake {config.handshake_address}, a wave group of "
+            f"{count} engines)")
+        waves = WaveGroup()
+        engines = [MockEngine(attrs.evolve(config, rank=config.rank + i), waves=waves)
+                   for i in range(count)]
+        async with anyio.create_task_group() as tg:
+            for engine in engines:
+                tg.start_soon(_serve_member, engine, tg.cancel_scope)
+        dead = [engine for engine in engines if engine.dead]
+        if dead:
+            reason = dead[0].errors[-1] if dead[0].errors else "unknown"
+            say(f"engine {dead[0].config.rank} died ({reason}): sent ENGINE_CORE_DEAD, "
+                f"exiting")
+            return 1
+        if once:
+            say("client left; exiting (--once)")
+            return 0
+        say("client left")
+        waiting = "waiting for the next client"
+
+
+async def _serve_member(engine: MockEngine, group_scope: anyio.CancelScope) -> None:
+    await engine.serve()
+    if engine.dead:
+        group_scope.cancel()
+
+
+async def _run(config: MockEngineConfig, once: bool, say: _Say,
+               group: int | None = None) -> int:
     async with interruptible():
+        if group is not None:
+            return await _serve_wave_groups(config, group, once=once, say=say)
         return await _serve_clients(config, once=once, say=say)
     return 0  # SIGINT or SIGTERM
 
@@ -252,11 +295,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = DEFAULT_PROG) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    group: int | None = args.dp_wave_group
+    if group is not None and (group < 1 or config.handshake_address is None):
+        parser.error("--dp-wave-group needs N >= 1 and --handshake-address")
     require_backend(prog, args.backend)
     backend, options = anyio_run_arguments(args.backend)
     say = _Say(prog, config.rank)
     try:
-        return anyio.run(_run, config, args.once, say, backend=backend,
+        return anyio.run(_run, config, args.once, say, group, backend=backend,
                          backend_options=options)
     except KeyboardInterrupt:  # a signal before the receiver was installed
         return 0

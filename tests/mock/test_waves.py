@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import pytest
 
-from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout import EngineCoreClient, EngineCoreClientConfig, SamplingParams
+from anyio_genout.mock import MockEngine, MockEngineConfig, greedy_tokens
 from anyio_genout.mock.waves import WaveGroup, WaveMember
-from anyio_genout.protocol import DpControl, RequestBatch, decode_outputs
+from anyio_genout.protocol import DpControl, EngineCoreRequest, RequestBatch, decode_outputs
 from tests.support import wait_until
 
+from ..cli.support import cli_process, free_port
 from .frontend import FrontEnd, pack, running_engine
 
 pytestmark = pytest.mark.anyio
@@ -101,3 +104,29 @@ async def test_a_malformed_start_dp_wave_is_an_error_and_changes_nothing() -> No
         await wait_until(lambda: e1.errors, 5)
         assert "START_DP_WAVE: expected [wave, exclude]" in e1.errors[0]
         assert not member(e1).running and member(e1).start_dp_waves == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_cli_runs_a_wave_group_that_a_client_following_waves_can_drive() -> None:
+    """``anyio-genout mock-engine --dp-wave-group 2``: two engines, one process, one group."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    async with cli_process("mock-engine", "--handshake-address", address,
+                           "--dp-wave-group", "2", "--step-time", "0.001",
+                           "--once") as (process, output):
+        config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
+                                        data_parallel_waves=True)
+        with anyio.fail_after(20):
+            async with EngineCoreClient.connect(config) as client:
+                for rid, rank, wave in (("a", 0, 0), ("b", 1, 1)):
+                    request = EngineCoreRequest(
+                        request_id=rid, prompt_token_ids=[1, 2, 3], arrival_time=0.0,
+                        sampling_params=SamplingParams(temperature=0.0, max_tokens=4),
+                        data_parallel_rank=rank)
+                    async with client.call(request) as stream:
+                        tokens = [t async for item in stream for t in item.output.new_token_ids]
+                    assert tokens == greedy_tokens([1, 2, 3], 4)
+                    assert stream.request.current_wave == wave
+                    paused = (wave + 1, False)
+                    await wait_until(lambda: client.wave_state == paused, 5)  # noqa: B023
+            assert await process.wait() == 0
+    assert "a wave group of 2 engines" in output.err and "Traceback" not in output.err
