@@ -117,8 +117,9 @@ class EngineCoreClient(UtilityCalls):
                                     self.fail)
         self._waves: WaveControl | None = None
         if config.data_parallel_waves:  # a lockstep MoE group (waves.py)
+            engines = self._registry.engines
             self._waves = WaveControl(self._send_input, lambda: self._registry.live,
-                                      lambda: len(self._registry.requests))
+                                      lambda e: engines[e].in_flight if e in engines else 0)
             self._reader.wave_control = self._wave_control
 
     # ------------------------------------------------------------------ lifecycle

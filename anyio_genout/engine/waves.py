@@ -21,11 +21,12 @@ a request while the group is paused must wake the others with ``START_DP_WAVE``.
   ``w``, running) and ``START_DP_WAVE [w, exclude=sender]`` goes to the engines.
 
 One rule more than vLLM's: engines started without a coordinator never send
-``start_wave``, so a request stamped for the wave that just completed (sent while the state
-still said running) could sit on a paused engine that blocks in the collective forever.
-When a wave completes while requests are still unfinished, :meth:`WaveState.wave_complete`
-therefore starts the next wave for every engine at once (a wasted wake-up costs the
-engines one dummy step).
+``start_wave`` (and every one of them sends ``wave_complete``), so a request stamped for the
+wave that just completed (sent while the state still said running) could sit on a paused
+engine that blocks in the collective forever. An engine's ``wave_complete`` follows its own
+earlier outputs on its socket, so when it reports the wave complete while requests this
+client sent it are unfinished, one of them arrived after its pause:
+:meth:`WaveState.wave_complete` then starts the next wave for every engine at once.
 
 ``START_DP_WAVE`` travels as ``[0x02, msgpack([wave, exclude_engine_index | nil])]``; vLLM's
 coordinator publishes it on its XPUB, which an engine's input thread polls together with
@@ -84,14 +85,16 @@ class WaveState:
         return self.current_wave, StartWave(self.current_wave, target)
 
     def wave_complete(self, wave: int, unfinished: int) -> StartWave | None:
-        """An engine reports wave ``wave`` complete while ``unfinished`` requests of this
-        client have not ended: the state pauses (unless stale); returns the wake-up to
-        send if requests are unfinished (see the module docstring)."""
-        if wave < self.current_wave:
-            return None
-        self.current_wave = wave + 1
-        self.engines_running = False
-        if unfinished:
+        """An engine reports wave ``wave`` complete while ``unfinished`` requests this
+        client sent that engine have not ended: the state pauses (unless the wave is
+        older); returns the wake-up to send if that engine holds unfinished requests and
+        nothing woke the group since (see the module docstring)."""
+        if wave >= self.current_wave:
+            self.current_wave = wave + 1
+            self.engines_running = False
+        elif wave != self.current_wave - 1:
+            return None  # older than the last wave: nothing to do
+        if unfinished and not self.engines_running:
             self.engines_running = True
             self.wakeups += 1
             return StartWave(self.current_wave, None)
@@ -117,7 +120,8 @@ class WaveControl:
 
     def __init__(self, send: Callable[[int, list[bytes]], None],
                  engines: Callable[[], Collection[int]],
-                 unfinished: Callable[[], int]) -> None:
+                 unfinished: Callable[[int], int]) -> None:
+        """``unfinished(engine)``: requests sent to ``engine`` that have not ended."""
         self._send = send
         self._engines = engines
         self._unfinished = unfinished
@@ -140,7 +144,8 @@ class WaveControl:
         if message.wave_complete is not None:
             logger.debug("engine %d completed wave %d", message.engine_index,
                          message.wave_complete)
-            self._broadcast(state.wave_complete(message.wave_complete, self._unfinished()))
+            self._broadcast(state.wave_complete(message.wave_complete,
+                                                self._unfinished(message.engine_index)))
         if message.start_wave is not None:
             logger.debug("engine %d started wave %d", message.engine_index,
                          message.start_wave)

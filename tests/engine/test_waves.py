@@ -71,6 +71,25 @@ def test_a_wave_that_completes_with_requests_unfinished_wakes_every_engine() -> 
     state = WaveState(current_wave=0, engines_running=True)
     assert state.wave_complete(0, unfinished=1) == StartWave(1, None)
     assert (state.current_wave, state.engines_running) == (1, True)
+    assert state.wave_complete(0, unfinished=1) is None  # woken already
+
+
+def test_the_repeat_from_the_engine_holding_the_late_request_wakes_the_group() -> None:
+    # Without a coordinator every engine reports the pause; the engine whose request came
+    # too late may be the second to say so.
+    state = WaveState(current_wave=0, engines_running=True)
+    assert state.wave_complete(0, unfinished=0) is None  # engine 0: nothing of ours left
+    assert state.wave_complete(0, unfinished=1) == StartWave(1, None)  # engine 1
+    assert (state.current_wave, state.engines_running) == (1, True)
+
+
+def test_a_late_repeat_after_a_new_wave_started_wakes_nobody() -> None:
+    state = WaveState(current_wave=0, engines_running=True)
+    state.wave_complete(0, unfinished=0)
+    assert state.request(1) == (1, StartWave(1, 1))
+    assert state.wave_complete(0, unfinished=1) is None  # the request woke the group
+    state = WaveState(current_wave=3)
+    assert state.wave_complete(1, unfinished=1) is None  # older than the last wave
 
 
 def test_start_dp_wave_frames_are_type_2_and_wave_then_exclude() -> None:
@@ -82,9 +101,9 @@ def test_start_dp_wave_frames_are_type_2_and_wave_then_exclude() -> None:
 
 def test_control_broadcasts_to_every_engine_up_and_counts_unfinished() -> None:
     sent: list[tuple[int, list[object]]] = []
-    unfinished = [0]
+    unfinished = {0: 0, 1: 0, 2: 0}
     control = WaveControl(lambda engine, frames: sent.append(
-        (engine, msgpack.unpackb(frames[1]))), lambda: {2, 0, 1}, lambda: unfinished[0])
+        (engine, msgpack.unpackb(frames[1]))), lambda: {2, 0, 1}, unfinished.__getitem__)
     control.request(1)
     assert sent == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])]
     sent.clear()
@@ -93,6 +112,8 @@ def test_control_broadcasts_to_every_engine_up_and_counts_unfinished() -> None:
     control.control(EngineCoreOutputs(engine_index=2, start_wave=1))
     assert sent == [(0, [1, 2]), (1, [1, 2]), (2, [1, 2])]
     sent.clear()
-    unfinished[0] = 3
+    unfinished[2] = 3  # engine 0's report does not count engine 2's requests
     control.control(EngineCoreOutputs(engine_index=0, wave_complete=1))
+    assert sent == []
+    control.control(EngineCoreOutputs(engine_index=2, wave_complete=1))
     assert sent == [(0, [2, None]), (1, [2, None]), (2, [2, None])]
