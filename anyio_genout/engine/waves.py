@@ -12,7 +12,9 @@ a request while the group is paused must wake the others with ``START_DP_WAVE``.
 * every request carries ``current_wave``; the first request while the engines are paused
   also starts the wave: ``START_DP_WAVE [current_wave, exclude=target]`` to the engines
   (the target needs no wake-up: the request is one), and the state is *running* at once,
-  so concurrent requests coalesce into one wake-up;
+  so concurrent requests coalesce into one wake-up (as ``DPAsyncMPClient`` sets
+  ``engines_running`` when it sends ``FIRST_REQ``; 0.32's coordinator itself waits for
+  rank 0's ``start_wave`` before it publishes *running*);
 * ``wave_complete = w`` from an engine: if ``w >= current_wave`` the wave is over
   (``current_wave = w + 1``, paused); a repeat (every engine sends it when no coordinator
   runs) is ignored;
