@@ -36,8 +36,6 @@ import attrs
 from ..errors import (
     ClientClosedError,
     ClientUnhealthyError,
-    EngineDeadError,
-    TransportError,
 )
 from ..protocol import (
     EngineCoreFinishReason,
@@ -52,6 +50,7 @@ from .aborts import AbortQueue
 from .config import EngineCoreClientConfig
 from .connection import Connection
 from .handshake import BoundSockets
+from .health import EngineHealth, HealthListener
 from .input import EngineInput
 from .reader import DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
@@ -59,14 +58,13 @@ from .rejoin import Rejoins
 from .routing import Router, make_router
 from .stream import CallScope, EngineCoreOutputStream, new_output_stream
 from .utility import UtilityCalls
-from .utility_calls import PendingCalls, copy_error
+from .utility_calls import PendingCalls
 from .watchers import EngineWatch
 from .waves import WaveControl
 
 __all__ = ["EngineCoreClient", "HealthListener"]
 
 #: Called with ``(rank, up)`` when an engine goes down (``up`` False) or comes back.
-HealthListener = Callable[[int, bool], None]
 
 logger = logging.getLogger("anyio_genout.engine")
 
@@ -74,7 +72,7 @@ logger = logging.getLogger("anyio_genout.engine")
 CLOSE_LINGER: Final = 0.5
 
 
-class EngineCoreClient(UtilityCalls):
+class EngineCoreClient(EngineHealth, UtilityCalls):
     """A connection to one or more vLLM engine cores.
 
     Create it with ``async with EngineCoreClient.connect(config) as engine:``. Leaving the
@@ -179,47 +177,6 @@ class EngineCoreClient(UtilityCalls):
     @property
     def output_address(self) -> str:
         return self._sockets.output_address
-
-    @property
-    def is_healthy(self) -> bool:
-        return self._error is None
-
-    @property
-    def health_error(self) -> ClientUnhealthyError | None:
-        """The first error that made the client unhealthy (sticky), or None."""
-        return self._error
-
-    @property
-    def live_engines(self) -> list[int]:
-        """Ranks of the engines up, in engine order: the ones new requests go to (empty
-        once the client is unhealthy). With ``engine_failure="engine"`` an engine found
-        dead leaves it at once, and rejoins it when restarted (docs/reliability.md)."""
-        if self._error is not None:
-            return []
-        live = self._registry.live
-        return [rank for rank in self._ranks if rank in live]
-
-    @property
-    def engine_health(self) -> dict[int, EngineDeadError | None]:
-        """Every connected engine's rank, in engine order, with why it is down (the
-        :class:`~anyio_genout.EngineDeadError` that took it out) or None while it is up.
-        Once the client is unhealthy, the engines not known dead get its health error."""
-        down = self._registry.down
-        error = self._error
-        health: dict[int, EngineDeadError | None] = {}
-        for rank in self._ranks:
-            why = down.get(rank)
-            if why is None and error is not None:
-                why = (error if isinstance(error, EngineDeadError)
-                       else EngineDeadError(f"the client is unhealthy: {error}"))
-            health[rank] = why
-        return health
-
-    def add_health_listener(self, listener: HealthListener) -> None:
-        """Call ``listener(rank, up)`` (synchronously) when an engine goes down, and for
-        every engine still up when the client becomes unhealthy or closes (``up`` False);
-        ``listener(rank, True)`` when an engine that was down rejoins."""
-        self._health_listeners.append(listener)
 
     @property
     def in_flight(self) -> int:
@@ -442,133 +399,12 @@ class EngineCoreClient(UtilityCalls):
         self._aborts.close()
         self._sockets.close(input_linger=CLOSE_LINGER)
 
-    # ------------------------------------------------------------------ health
-
-    def fail(self, error: ClientUnhealthyError) -> None:
-        """Mark the client unhealthy with ``error`` (the first error sticks), or, for an
-        :class:`~anyio_genout.EngineDeadError` that names its engines (``error.ranks``)
-        with ``engine_failure="engine"``, only those engines (:meth:`fail_engines`).
-
-        Every open stream receives the error once, every waiting utility call fails with it,
-        and every later call fails with it at once. The requests it ends are aborted on the
-        engines still alive (not on a dead one, nor after a transport failure). Used by the
-        reader and by process watchers (e.g. the managed vLLM engine: ``on_exit``);
-        synchronous and idempotent.
-        """
-        if (isinstance(error, EngineDeadError) and error.ranks
-                and self._config.engine_failure == "engine"):
-            self.fail_engines(error.ranks, error)
-        else:
-            self._fail_client(error)
-
-    def fail_engines(self, ranks: Sequence[int], error: EngineDeadError) -> None:
-        """Engines ``ranks`` died with ``error`` (synchronous, idempotent).
-
-        With ``engine_failure="engine"``, while another engine lives: each leaves the
-        routing set at once (a request pinned to it fails at once), its open streams and
-        its share of waiting utility calls get the error once (an error naming it), no
-        ABORT is sent to it, and the client stays healthy. Otherwise (the ``"client"``
-        policy, or no engine left) the whole client fails with ``error``, as :meth:`fail`.
-        """
-        if self._error is not None:
-            return
-        registry = self._registry
-        dead = [rank for rank in dict.fromkeys(ranks) if rank in registry.live]
-        if not dead:
-            return
-        if error.ranks is None:
-            error.ranks = tuple(dead)
-        if self._config.engine_failure == "client" or registry.live <= set(dead):
-            self._fail_client(error)
-            return
-        for rank in dead:
-            entries = registry.mark_down(rank, error)
-            self._rejoins.engines_down(True)
-            self._aborts.forget_engine(rank)
-            self._calls.fail_engine(rank, error)
-            for entry in entries:
-                entry.box.put_error(copy_error(error))
-                entry.box.close()
-            # A warning, not an error: the client serves on (and the command line shows
-            # warnings, while it leaves errors to the one line that ends a command).
-            logger.warning("engine %d is down, %d request(s) failed with it (engines up: "
-                           "%s): %s", rank, len(entries), self.live_engines, error)
-            self._tell_health(rank, False)
-
-    def _fail_client(self, error: ClientUnhealthyError) -> None:
-        if self._error is not None:
-            return
-        registry = self._registry
-        requests = registry.requests
-        if not isinstance(error, (ClientClosedError, TransportError)):
-            # The engines still alive would run the failed requests on for nobody: ABORT
-            # them there (never on a dead engine; if which one died is unknown, nowhere).
-            alive = set(registry.live)
-            if isinstance(error, EngineDeadError):
-                alive = alive - set(error.ranks) if error.ranks is not None else set()
-            for rank in registry.live - alive:
-                self._aborts.forget_engine(rank)
-            self._aborts.abort_all((rid, entry.engine) for rid, entry in requests.items()
-                                   if entry.engine in alive)
-        self._error = error
-        self._reader.stop()
-        if isinstance(error, ClientClosedError):
-            logger.debug("engine-core client closed")
-        else:
-            logger.error("engine-core client is unhealthy: %s", error)
-        for entry in list(requests.values()):
-            entry.box.put_error(copy_error(error))
-            entry.box.close()
-        for rid in list(requests):
-            registry.remove(rid)
-        self._calls.fail(error)
-        self._aborts.clear()
-        for rank in sorted(registry.live):
-            self._tell_health(rank, False)
-
     def _wave_control(self, message: EngineCoreOutputs) -> None:
         assert self._waves is not None
         try:
             self._waves.control(message)
         except ClientUnhealthyError:  # sending failed: the client is failed already
             pass
-
-    def _rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
-        """Engine ``rank``, down, completed its handshake again (a restarted engine): put it
-        back into routing with ``response`` as its ready response; returns why it is
-        refused instead (it stays down), or None."""
-        if self._error is not None:
-            return f"the client is unhealthy: {self._error}"
-        registry = self._registry
-        if rank in registry.live:
-            return f"engine {rank} is up"
-        if response.max_model_len < self._max_model_len:
-            return (f"its max_model_len {response.max_model_len} is below the "
-                    f"{self._max_model_len} the client accepts requests for")
-        self._ready[rank] = response
-        registry.mark_up(rank)
-        self._watch.engine_up()
-        if not registry.down:
-            self._rejoins.engines_down(False)
-        logger.warning("engine %d is back (vLLM %s) and rejoins routing (engines up: %s)",
-                       rank, response.vllm_version, self.live_engines)
-        self._tell_health(rank, True)
-        return None
-
-    def _tell_health(self, rank: int, up: bool) -> None:
-        for listener in list(self._health_listeners):
-            try:
-                listener(rank, up)
-            except Exception:
-                logger.exception("health listener %r failed", listener)
-
-    def _down_error(self, rank: int) -> EngineDeadError | None:
-        """Why engine ``rank`` is down, or None while it is up."""
-        return self._registry.down.get(rank) if rank not in self._registry.live else None
-
-    def _raise_if_unhealthy(self) -> None:
-        if self._error is not None:
-            raise copy_error(self._error)
 
     # ------------------------------------------------------------------ utility calls
 
