@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final, final
 import anyio
 
 from ..engine import EngineCoreClient, EngineCoreOutputStream
-from ..errors import EngineDeadError, GenoutError, SamplingMaskMismatchError
+from ..errors import EngineDeadError, SamplingMaskMismatchError
 from ..metrics import Metrics, RequestTracker
 from ..protocol import (
     EngineCoreFinishReason,
@@ -32,7 +32,7 @@ from ..protocol import (
 )
 from .abort_cause import AbortCause
 from .inflight import AbortedIds, InflightGuard, InflightRequests
-from .migration import can_migrate, continuation_request, migrated_request_id
+from .migration import MigratingStream, can_migrate
 from .output import (
     CollectedGenerateOutput,
     FinishReason,
@@ -55,7 +55,7 @@ _MADE_HERE: Final = object()
 
 
 @final
-class GenerateStream:
+class GenerateStream(MigratingStream):
     """A request in flight: an async context manager and an async iterator of outputs.
 
     Entering sends the request; it raises, with nothing sent,
@@ -70,10 +70,9 @@ class GenerateStream:
     without a gap, a duplicate or an error (:mod:`.migration`, docs/reliability.md).
     """
 
-    __slots__ = ("_aborted", "_continued", "_delivered", "_done", "_engine", "_engine_request",
-                 "_entered", "_external_id", "_finish_pending", "_first_pending", "_guard",
-                 "_inflight", "_matcher", "_max_tokens", "_metrics", "_migration_limit",
-                 "_migrations", "_number", "_prompt_pending", "_raw", "_tracker")
+    __slots__ = ("_delivered", "_done", "_engine", "_engine_request", "_entered",
+                 "_external_id", "_finish_pending", "_inflight", "_matcher", "_max_tokens",
+                 "_metrics", "_migration_limit", "_number", "_prompt_pending", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                  engine_request: EngineCoreRequest, *, callers_ids: bool,
@@ -345,77 +344,6 @@ class GenerateStream:
                 raise
             raw, output = await self._migrate_and_receive(raw, error)
         return self._plain_or_output(raw, output)
-
-    # ------------------------------------------------------------------ migration
-
-    def _can_migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError) -> bool:
-        """Whether ``error`` (just raised by ``raw``) is its engine's death, and this request
-        may move to another engine (migration on, not pinned, migrations left, the client
-        healthy)."""
-        ranks = error.ranks
-        return (self._delivered is not None and self._migrations < self._migration_limit
-                and not self._done and ranks is not None and raw.engine_index in ranks
-                and self._engine.is_healthy)
-
-    async def _migrate_and_receive(self, raw: EngineCoreOutputStream, error: EngineDeadError
-                                   ) -> tuple[EngineCoreOutputStream, EngineCoreOutput]:
-        """Move the request off ``raw``'s dead engine and wait for the continuation's first
-        output (moving again if that engine dies too, while migrations are left).
-
-        Raises:
-            EngineDeadError: ``error``, when the request cannot move (see :meth:`_migrate`),
-                or the death of the continuation's engine with no migration left.
-        """
-        while True:
-            raw = self._migrate(raw, error)
-            try:
-                return raw, await raw.receive_output()
-            except EngineDeadError as again:
-                if not self._can_migrate(raw, again):
-                    raise
-                error = again
-
-    def _migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError
-                 ) -> EngineCoreOutputStream:
-        """Resubmit the request as a continuation on a live engine (synchronous: the new
-        engine request is queued, the stream reads from it from now on).
-
-        Raises:
-            EngineDeadError: ``error`` itself, when no engine can take the continuation (the
-                client became unhealthy, nothing is left to generate, the id was refused).
-        """
-        delivered = self._delivered
-        assert delivered is not None and self._tracker is not None
-        number = self._migrations + 1
-        first = self._engine_request
-        new: EngineCoreOutputStream | None = None
-        try:
-            request = continuation_request(
-                first, self._max_tokens, delivered, migrated_request_id(first.request_id, number),
-                keep_prompt_logprobs=self._prompt_pending)
-            new = self._engine.open_stream(request)
-        except (GenoutError, ValueError) as exc:
-            logger.info("request %s: engine %d died and the request cannot move to another "
-                        "engine: %s", first.request_id, raw.engine_index, exc)
-        if new is None:
-            raise error  # outside the handler: the caller's own error, its context unchanged
-        raw.close()  # ended already (its error was read): nothing is aborted
-        self._raw = new
-        self._migrations = number
-        self._first_pending = True
-        self._continued = not self._prompt_pending
-        # The continuation's id is random: never refused for reuse, never a caller's.
-        self._aborted = None
-        guard = self._guard
-        if guard is not None:
-            guard.release()
-        self._guard = self._inflight.track(self._external_id, new.request_id)
-        self._metrics.record_migration(self._tracker, raw.engine_index, new.engine_index)
-        logger.info("request %s: engine %d died after %d token(s); continuing on engine %d "
-                    "as %s (migration %d of at most %d)", first.request_id, raw.engine_index,
-                    len(delivered), new.engine_index, new.request_id, number,
-                    self._migration_limit)
-        return new
 
     def _plain_or_output(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
                          ) -> list[int] | GenerateOutput:
