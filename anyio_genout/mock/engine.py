@@ -41,31 +41,29 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import anyio.lowlevel
-import msgpack
 import zmq
 
-from ..errors import HandshakeError, HandshakeTimeoutError, OperationalError, ProtocolError
+from ..errors import HandshakeTimeoutError, OperationalError, ProtocolError
 from ..protocol import (
     AbortRequest,
     AddRequest,
-    EngineCoreReadyResponse,
     EngineStatus,
     SchedulerStats,
     StatusMessage,
     UtilityRequest,
     decode_init,
     decode_request,
-    encode_ready_response,
     encode_status,
 )
 from ..transport import MonitorEvent, ZmqSocket, new_context
 from .config import MockEngineConfig
+from .ready import ready_payload
 from .request import Request
 from .scheduler import Pause, Scheduler
 from .step import Stepper
 from .utility import UtilityCalls
 from .waves import WaveGroup, WaveMember
-from .wire import OutputWriter, pack
+from .wire import OutputWriter, wait_any_readable
 
 __all__ = ["MockEngine"]
 
@@ -294,7 +292,7 @@ class MockEngine:
             if cfg.until_client_leaves and n == 0:
                 self._input_monitor = inp.monitor(_CLIENT_EVENTS)
             inp.connect(address)
-            await inp.send([self._ready_payload()])
+            await inp.send([ready_payload(cfg)])
         for address in output_addresses:
             out = ZmqSocket(ctx, zmq.PUSH)
             self._writer.add_output(out)
@@ -309,26 +307,6 @@ class MockEngine:
                 # identity, that front end's ROUTER can take the next HELLO for the routing
                 # id of the clash and never see it.
                 self._handshake.close(linger=_READY_LINGER)
-
-    def _ready_payload(self) -> bytes:
-        cfg = self.config
-        blocks = cfg.gpu_blocks
-        kv_tokens = blocks * cfg.block_size
-        response = EngineCoreReadyResponse(
-            max_model_len=cfg.max_model_len, num_gpu_blocks=blocks, block_size=cfg.block_size,
-            dtype=cfg.dtype, vllm_version=cfg.vllm_version, data_parallel_rank=cfg.rank,
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=max(cfg.max_model_len, 2048),
-            instance_id=f"mock-engine-{cfg.rank}", kv_cache_size_tokens=kv_tokens,
-            enable_sleep_mode=True,
-        )
-        wire = msgpack.unpackb(encode_ready_response(response), raw=False)
-        if not isinstance(wire, dict):  # pragma: no cover - encode_ready_response packs a map
-            raise HandshakeError("EngineCoreReadyResponse did not encode as a map")
-        wire["kv_cache_max_concurrency"] = kv_tokens / cfg.max_model_len
-        if _version_at_least(cfg.vllm_version, (0, 33)):
-            wire.update(coord_store_port=0, coordinator_input_address=None,
-                        coordinator_output_address=None)
-        return pack(wire)
 
     # ------------------------------------------------------------------ main loop
 
@@ -400,19 +378,9 @@ class MockEngine:
             await anyio.lowlevel.checkpoint()
         elif self.deaf:
             await anyio.sleep(seconds)
-        elif len(self._inputs) == 1:
-            with anyio.move_on_after(seconds):
-                await self._inputs[0].wait_readable()
         else:
             with anyio.move_on_after(seconds):
-                async with anyio.create_task_group() as tg:
-                    for inp in self._inputs:
-                        tg.start_soon(self._readable_then_cancel, inp, tg.cancel_scope)
-
-    @staticmethod
-    async def _readable_then_cancel(sock: ZmqSocket, scope: anyio.CancelScope) -> None:
-        await sock.wait_readable()
-        scope.cancel()
+                await wait_any_readable(self._inputs)
 
     def _check_faults(self) -> bool:
         """Apply the step-count faults; True when the engine is dead and must stop."""
@@ -488,11 +456,3 @@ class MockEngine:
 
 def _alive(requests: Iterable[Request]) -> list[str]:
     return [r.rid for r in requests if r.alive]
-
-
-def _version_at_least(version: str, minimum: tuple[int, int]) -> bool:
-    parts = []
-    for piece in version.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts) >= minimum

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -32,7 +32,8 @@ from ..protocol import ENGINE_CORE_DEAD
 from ..transport import ZmqSocket
 from .config import MockEngineConfig
 
-__all__ = ["OutputWriter", "array_header", "pack", "pack_double", "token_table"]
+__all__ = ["OutputWriter", "array_header", "pack", "pack_double", "token_table",
+           "wait_any_readable"]
 
 _DEFAULT_WEIGHT_VERSION: Final = "default"
 
@@ -213,3 +214,19 @@ class OutputWriter:
                         break
                     await anyio.sleep(0.002)
         self._trackers.clear()
+
+
+async def wait_any_readable(sockets: Sequence[ZmqSocket]) -> None:
+    """Wait until one of ``sockets`` (an engine's input sockets, one per front end) may have
+    a message queued."""
+    if len(sockets) == 1:
+        await sockets[0].wait_readable()
+        return
+
+    async def one(sock: ZmqSocket, scope: anyio.CancelScope) -> None:
+        await sock.wait_readable()
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for sock in sockets:
+            tg.start_soon(one, sock, tg.cancel_scope)

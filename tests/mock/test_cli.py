@@ -22,6 +22,7 @@ from anyio_genout import (
     EngineCoreClientConfig,
     GenerateRequest,
     SamplingParams,
+    TransportError,
     collect_output,
 )
 from anyio_genout.cli.main import main as console_main
@@ -161,30 +162,24 @@ async def test_mock_engine_serves_clients_one_after_another() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 @pytest.mark.anyio
-async def test_a_client_that_starts_while_another_is_served_is_served_next() -> None:
-    """The second client binds the handshake address (the first closed its handshake socket
-    after start-up) and waits; once the first leaves, the engine dials in and serves it."""
+async def test_a_client_that_starts_while_another_is_served_is_refused_then_served_next(
+        ) -> None:
+    """The first client keeps its handshake address (restarted engines rejoin there): a
+    second one started meanwhile fails at once naming the address; once the first left,
+    the engine dials in again and serves the next client."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    second: list[list[int]] = []
-
-    async def second_client() -> None:
-        await anyio.sleep(0.1)  # until the first client's handshake socket is really closed
-        second.append(await generate_once(address, "second", 3))
-
     config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
                                                         ready_timeout=5))
     async with cli_process("mock-engine", "--handshake-address", address) as (process, output):
         with anyio.fail_after(20):
-            async with anyio.create_task_group() as tg, Client.connect(config) as first:
-                tg.start_soon(second_client)
-                await anyio.sleep(0.5)  # the second client is waiting meanwhile
+            async with Client.connect(config) as first:
+                with pytest.raises(TransportError, match=f"cannot bind {address}"):
+                    await generate_once(address, "second", 3)
                 request = GenerateRequest(request_id="first", prompt_token_ids=[1, 2, 3],
                                           sampling_params=SamplingParams(max_tokens=2))
                 async with first.generate(request) as stream:
                     assert len((await collect_output(stream)).token_ids) == 2
-                assert second == []
-            # The first client left (the task group then waited for the second).
-            assert second == [greedy_tokens([1, 2, 3], 3)]
+            assert await generate_once(address, "next", 3) == greedy_tokens([1, 2, 3], 3)
             await wait_until(lambda: said(output, "client connected") == 2, seconds=5)
         assert process.returncode is None
 
