@@ -16,6 +16,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import anyio
 import psutil
@@ -42,25 +43,26 @@ _log = logging.getLogger("tests.interop")
 LONG = 500
 
 
-def launch(real: RealVllm, address: str, rank: int) -> VllmEngines:
+def launch(real: RealVllm, address: str, rank: int, *extra: str) -> VllmEngines:
     return spawn_vllm_engines(real.model, handshake_address=address, engine_count=1,
                               start_rank=rank, data_parallel_size=2, command=real.command,
-                              logger=_log, extra_args=("--max-num-seqs", "4"))
+                              logger=_log, extra_args=("--max-num-seqs", "4", *extra))
 
 
 @asynccontextmanager
-async def two_launches(real: RealVllm) -> AsyncIterator[tuple[str, dict[int, VllmEngines],
-                                                              EngineCoreClient,
-                                                              AsyncExitStack]]:
+async def two_launches(real: RealVllm, *extra: str, **knobs: Any
+                       ) -> AsyncIterator[tuple[str, dict[int, VllmEngines], EngineCoreClient,
+                                                AsyncExitStack]]:
     available = psutil.virtual_memory().available
     if available < NEEDED_MEMORY:
         pytest.skip(f"two engines need ~{NEEDED_MEMORY >> 30} GiB free, "
                     f"{available / 2**30:.1f} GiB available")
     address = f"tcp://127.0.0.1:{free_port()}"
     config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
-                                    ready_timeout=240.0, vocab_size=real.vocab_size)
+                                    ready_timeout=240.0, vocab_size=real.vocab_size,
+                                    **knobs)
     async with AsyncExitStack() as stack:
-        launches = {rank: await stack.enter_async_context(launch(real, address, rank))
+        launches = {rank: await stack.enter_async_context(launch(real, address, rank, *extra))
                     for rank in (0, 1)}
         engine = await stack.enter_async_context(EngineCoreClient.connect(config))
         for launched in launches.values():
