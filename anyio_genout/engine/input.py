@@ -26,6 +26,8 @@ logger = logging.getLogger("anyio_genout.engine")
 
 #: Unexpected input-socket messages logged one by one; later ones are only counted.
 MAX_INPUT_JUNK_LOGGED: Final = 10
+#: Seconds the input drain waits for the descriptor before it checks the socket again.
+DRAIN_RECHECK: Final = 0.05
 #: Discarded messages between two checkpoints of the input drain.
 _DRAIN_BATCH: Final = 16
 
@@ -108,7 +110,12 @@ class EngineInput:
             while True:
                 frames = sock.receive_nowait()
                 if frames is None:
-                    await sock.wait_readable()
+                    # The sender task sends on this socket too, and a send processes the
+                    # socket's pending commands, which can take the descriptor's signal of
+                    # a message that arrived meanwhile (a restarted engine's registration):
+                    # the descriptor would not signal it again. Never wait unboundedly.
+                    with anyio.move_on_after(DRAIN_RECHECK):
+                        await sock.wait_readable()
                     continue
                 if take is not None and take(frames):
                     continue
