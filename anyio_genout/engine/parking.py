@@ -28,8 +28,6 @@ import anyio
 
 from ..readiness import running_library
 
-_checkpoint_if_cancelled = anyio.lowlevel.checkpoint_if_cancelled
-
 __all__ = ["Parking", "parking_factory", "running_library"]
 
 
@@ -77,11 +75,6 @@ class _AsyncioParking(Parking):
         finally:
             if self.waiter is future:
                 self.waiter = None
-        # anyio delivers a cancellation on asyncio by cancelling the task's future, and
-        # skips (retrying next loop turn) a task whose future is already done: a consumer
-        # that the reader keeps waking before each retry would never see it, and a timeout
-        # around a busy stream would not fire until the stream ended. Take it here.
-        await _checkpoint_if_cancelled()
 
     def wake(self) -> None:
         future = self.waiter
