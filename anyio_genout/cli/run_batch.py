@@ -26,7 +26,7 @@ import attrs
 from ..errors import InvalidRequestError, UsageError
 from ..text.client import TextClient
 from ..text.request import check_text_request
-from .run_input import BadLine
+from .run_input import BadLine, decode_line
 
 __all__ = ["BATCH_KEYS", "CHAT_URL", "COMPLETIONS_URL", "BatchItem", "BatchParser",
            "BatchRunner", "batch_line_id", "first_line", "is_batch_line", "output_line"]
@@ -126,12 +126,7 @@ class BatchParser:
         self._model = model
 
     def parse(self, number: int, line: bytes) -> BatchItem:
-        try:
-            value = json.loads(line)
-        except UnicodeDecodeError:
-            raise BadLine(f"line {number}: not valid UTF-8") from None
-        except json.JSONDecodeError as exc:
-            raise BadLine(f"line {number}: not valid JSON ({exc.msg})") from None
+        value = decode_line(number, line)
         if not isinstance(value, dict):
             raise BadLine(f"line {number}: {InvalidRequestError('line', 'must be a JSON object')}")
         missing = [key for key in BATCH_KEYS if key not in value]

@@ -31,7 +31,8 @@ from .options import sampling_from_mapping
 from .text_model import NO_TOKENIZER
 
 __all__ = ["CHUNK_SIZE", "ID_KEY", "BadLine", "IdFilter", "LineParser", "LineReader", "Scan",
-           "check_all", "in_thread", "line_id", "open_input", "quick_id", "scan", "spool"]
+           "check_all", "decode_line", "in_thread", "line_id", "open_input", "quick_id", "scan",
+           "spool"]
 
 #: Bytes read from the input at a time (one thread hop each).
 CHUNK_SIZE: Final = 1 << 16
@@ -76,6 +77,17 @@ class IdFilter:
 #: A top-level ``"request_id": "..."`` without escapes. Inside a JSON string every quote is
 #: escaped, so a match is a key: the request's own (or a nested one's, an invalid line).
 ID_KEY: Final = re.compile(rb'"request_id"\s*:\s*"([^"\\]*)"')
+
+
+def decode_line(number: int, line: bytes) -> Any:
+    """Input line ``number`` parsed as JSON; raises :class:`BadLine` if it is not UTF-8 or
+    not JSON."""
+    try:
+        return json.loads(line)
+    except UnicodeDecodeError:
+        raise BadLine(f"line {number}: not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise BadLine(f"line {number}: not valid JSON ({exc.msg})") from None
 
 
 def quick_id(line: bytes) -> tuple[bool, str | None]:
@@ -157,12 +169,7 @@ class LineParser:
 
     def parse(self, number: int, line: bytes) -> GenerateRequest | TextRequest:
         """The request on line ``number``; raises :class:`BadLine` naming the problem."""
-        try:
-            value = json.loads(line)
-        except UnicodeDecodeError:
-            raise BadLine(f"line {number}: not valid UTF-8") from None
-        except json.JSONDecodeError as exc:
-            raise BadLine(f"line {number}: not valid JSON ({exc.msg})") from None
+        value = decode_line(number, line)
         try:
             request = self._request(number, value, self._text)
         except InvalidRequestError as exc:
