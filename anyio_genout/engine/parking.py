@@ -10,8 +10,17 @@ event, its waiter list and two more coroutine frames):
 * trio: ``trio.lowlevel.wait_task_rescheduled``, which is what ``trio.Event.wait`` ends in;
   a cancellation calls the abort function, which forgets the task.
 
-Either way cancellation behaves exactly as it does for an event, and tests run every
-behaviour that parks on both backends.
+Either way cancellation behaves as it does for an event, and tests run every behaviour
+that parks on both backends; on asyncio it takes one more step (``_AsyncioParking.wait``).
+anyio delivers a cancellation on asyncio by cancelling the task's future, from a callback
+that retries every loop pass while the scope holds tasks (``_deliver_cancellation``), and
+it skips a task whose future is done (woken, not yet resumed): cancelling that future
+would do nothing. A consumer the reader wakes in every pass, before that callback
+runs, is always found woken: with the engine in another process and outputs arriving as
+fast as the consumer handles them, a ``move_on_after(0.1)`` around the stream fired only
+at the stream's end (957-1026 ms late). So a woken task whose scope has been cancelled
+meanwhile waits on a future nothing but the cancellation (or, at worst, a short timer)
+resolves, where the next retry finds and cancels it.
 
 There is room for one parked task: a second task that tries to park while the first is
 parked gets :class:`anyio.BusyResourceError` at once. Letting it in would overwrite the one
@@ -22,13 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Any
+import math
+from typing import Any, Final
 
 import anyio
 
 from ..readiness import running_library
 
 __all__ = ["Parking", "parking_factory", "running_library"]
+
+_NEG_INF: Final = -math.inf
+_current_effective_deadline: Final = anyio.current_effective_deadline
+#: Seconds a woken asyncio task whose scope was cancelled waits for anyio to deliver the
+#: cancellation (it comes at the next loop pass; this bound only keeps the wait finite).
+DELIVERY_WAIT: Final = 0.05
 
 
 class Parking:
@@ -75,12 +91,27 @@ class _AsyncioParking(Parking):
         finally:
             if self.waiter is future:
                 self.waiter = None
+        # Woken: if a cancellation of this task is pending (a cancelled scope that no shield
+        # hides), anyio skipped it while the future was done; wait where it is taken.
+        if _current_effective_deadline() == _NEG_INF:
+            await _take_cancellation()
 
     def wake(self) -> None:
         future = self.waiter
         self.waiter = None
         if not future.done():  # cancelled, and the task has not run since
             future.set_result(None)
+
+
+async def _take_cancellation() -> None:
+    """Wait, on a future no one else resolves, for the cancellation pending for this task.
+
+    anyio's retry (next loop pass) finds the future not done and cancels it, raising the
+    cancellation here. Not a wake-up anyone sees: the ``waiter`` slot stays empty, so the
+    reader only buffers meanwhile. Returns after ``DELIVERY_WAIT`` s if it never came (the
+    caller then re-checks what it waits for, as after any wake-up).
+    """
+    await asyncio.sleep(DELIVERY_WAIT)
 
 
 @functools.cache

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
@@ -44,14 +43,7 @@ def engine_address() -> Iterator[str]:
         child.wait(10)
 
 
-async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str,
-                                                            anyio_backend: tuple[str, Any]
-                                                            ) -> None:
-    if anyio_backend[0] != "trio":
-        # Known open bug on asyncio (see the module docstring). Taking a pending
-        # cancellation after every parking wake-up fixed it, but broke serve --workers'
-        # hang-ups against a real engine (test_server_workers_real), so it was reverted.
-        pytest.xfail("asyncio: a cancellation can miss a stream the reader keeps waking")
+async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str) -> None:
     config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=engine_address,
                                                         ready_timeout=20), registry=None)
     async with Client.connect(config) as client:
