@@ -7,6 +7,11 @@ not escape HTML or non-ASCII), so a template renders here exactly as in
 ``AutoTokenizer.apply_chat_template(..., tokenize=False)``. Each template source is compiled
 once. Messages are checked and normalised the way vLLM's chat front end does with its
 ``"string"`` content format (a list of text parts is joined with newlines; ``None`` is ``""``).
+
+Every rendering has a budget (:mod:`.template_sandbox`): :data:`RENDER_BUDGET` seconds and
+at most ``max_chars`` characters of output (:data:`MAX_RENDERED_CHARS` unless the caller gives
+a bound), enforced inside the rendering so a runaway template stops using the CPU; it fails
+with a :class:`~.template_sandbox.RenderLimitError` (a :class:`ChatTemplateError`).
 """
 
 from __future__ import annotations
@@ -22,14 +27,20 @@ from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.parser import Parser
 from jinja2.runtime import Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ChatTemplateError, InvalidRequestError
+from .template_sandbox import BudgetedEnvironment, RenderLimitError, budget
 
 #: The message roles accepted (what the template makes of them is the template's business).
 ROLES: Final = ("system", "user", "assistant", "tool")
 #: How many compiled templates are kept.
 CACHE_SIZE: Final = 32
+#: Seconds one rendering may take before it is stopped (a model's template takes
+#: milliseconds; a runaway one is stopped within one loop iteration past this).
+RENDER_BUDGET: Final = 1.0
+#: The most characters one rendering may produce (and any value it builds) unless the
+#: caller gives a smaller bound (the text layer gives the context's character bound).
+MAX_RENDERED_CHARS: Final = 1 << 24
 _TEMPLATE_FILENAME: Final = "<template>"
 _SHOWN_SOURCE: Final = 120
 
@@ -66,9 +77,9 @@ def strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationBlock, loopcontrols])
+def _environment() -> BudgetedEnvironment:
+    env = BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                              extensions=[GenerationBlock, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -115,8 +126,11 @@ def _template_line(exc: BaseException) -> int | None:
 
 
 def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
-                         add_generation_prompt: bool, variables: Mapping[str, Any]) -> str:
-    """Render ``source`` with ``messages`` (already normalised) and template ``variables``.
+                         add_generation_prompt: bool, variables: Mapping[str, Any],
+                         max_chars: int | None = None) -> str:
+    """Render ``source`` with ``messages`` (already normalised) and template ``variables``,
+    within the budget (:data:`RENDER_BUDGET`; ``max_chars`` characters of output, default
+    :data:`MAX_RENDERED_CHARS`).
 
     ``variables`` are what transformers passes besides the messages: the special tokens
     (``bos_token``, ...) and the caller's extra keyword arguments; ``tools`` and
@@ -125,12 +139,26 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
     Raises:
         ChatTemplateError: the template does not parse, or raised while rendering (calling
             ``raise_exception`` or failing otherwise); names the template line.
+        RenderLimitError: (a ChatTemplateError) the rendering took longer than its budget
+            (``kind`` ``"time"``), or its output (``"output"``) or a value it built
+            (``"value"``) is larger than allowed; it was stopped and its result dropped.
     """
     template = compile_template(source)
     context = {"tools": None, "documents": None, **variables, "messages": messages,
                "add_generation_prompt": add_generation_prompt}
+    limit = MAX_RENDERED_CHARS if max_chars is None else min(max_chars, MAX_RENDERED_CHARS)
     try:
-        return template.render(context)
+        with budget(RENDER_BUDGET, limit) as check_output:
+            parts = []
+            size = 0
+            for chunk in template.generate(context):
+                size += len(chunk)
+                check_output(size)
+                parts.append(chunk)
+            check_output(size)  # a result that came after the deadline is dropped
+            return "".join(parts)
+    except RenderLimitError:
+        raise
     except Exception as exc:
         line = _template_line(exc)
         where = f" at line {line}{_source_line(source, line)}" if line is not None else ""

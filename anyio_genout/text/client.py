@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import final
 
 from ..generate import Client
-from .request import TextRequest
+from .offload import Offload, encode_request
+from .request import TextRequest, check_text_request
 from .stream import ModelEos, TextStream, new_text_stream
 from .tokenizer import Tokenizer
 
@@ -24,11 +25,13 @@ class TextClient:
                 print(out.text, end="", flush=True)
 
     It fills in the model's end-of-sequence tokens as vLLM does (see :class:`ModelEos`) and
-    runs the text layer (detokenization, stop strings) in the consumer's task; everything
-    else (scopes, aborts, metrics, health) is the :class:`Client`'s.
+    runs the text layer (detokenization, stop strings) in the consumer's task; chat
+    templates and long prompts are rendered and encoded in worker threads (a few at a
+    time), so they never stall the event loop; everything else (scopes, aborts, metrics,
+    health) is the :class:`Client`'s.
     """
 
-    __slots__ = ("_client", "_eos", "_tokenizer")
+    __slots__ = ("_client", "_eos", "_offload", "_tokenizer")
 
     def __init__(self, client: Client, tokenizer: Tokenizer) -> None:
         """Wrap ``client`` with ``tokenizer`` (usually ``Tokenizer.from_model_dir(folder)``).
@@ -45,6 +48,7 @@ class TextClient:
         self._client = client
         self._tokenizer = tokenizer
         self._eos = ModelEos(tokenizer)
+        self._offload = Offload(tokenizer)
 
     @property
     def client(self) -> Client:
@@ -61,4 +65,23 @@ class TextClient:
         Nothing is checked or sent until the ``async with`` block is entered (see
         :class:`TextStream` for what entering raises and what leaving early does).
         """
-        return new_text_stream(self._client, self._tokenizer, self._eos, request)
+        return new_text_stream(self._client, self._tokenizer, self._eos, request, self._offload)
+
+    async def encode(self, request: TextRequest) -> tuple[str | None, list[int]]:
+        """What entering ``request``'s stream would send: the prompt text (the rendered
+        chat template for ``messages``; None for ``prompt_token_ids``) and its token ids
+        (empty if the text encodes to none: entering would refuse that). Nothing is sent.
+        As on entering: a text that cannot fit the engines' ``max_model_len`` is refused
+        before it is encoded; templates and long texts are rendered and encoded in worker
+        threads.
+
+        Raises:
+            InvalidRequestError: a bad field (named), or a prompt too long for the context
+                (vLLM's message).
+            ChatTemplateError: ``messages`` without a usable chat template, or a template
+                that failed or went past its budget.
+        """
+        check_text_request(request)
+        return await encode_request(self._offload, self._tokenizer, request,
+                                    max_model_len=self._client.engine.max_model_len,
+                                    allow_empty=True)

@@ -1,6 +1,7 @@
 """``TextStream``: one text request's scope and its :class:`TextOutput` deltas.
 
-``async with text_client.generate(request) as stream:`` checks and encodes the request, then
+``async with text_client.generate(request) as stream:`` checks and encodes the request (the
+chat template and a long prompt's encoding in worker threads, :mod:`.offload`), then
 opens a :class:`~anyio_genout.GenerateStream` for its token ids; ``async for out in stream``
 feeds each output's tokens to a :class:`TextDecoder` (incremental detokenization, stop
 strings, ``min_tokens``) and yields the text. On a stop-string match the stream yields the
@@ -36,6 +37,7 @@ from ..generate import (
 from ..protocol import SamplingParams
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
+from .offload import Offload, encode_request
 from .output import CollectedTextOutput, TextOutput, collect_text
 from .request import TextRequest, check_text_request
 from .tokenizer import Tokenizer
@@ -91,7 +93,9 @@ class ModelEos:
 
 def encode_prompt(tokenizer: Tokenizer, request: TextRequest) -> tuple[str | None, list[int]]:
     """The prompt text (None for token ids) and the prompt token ids of a request that
-    :func:`check_text_request` passed, as entering its stream makes them.
+    :func:`check_text_request` passed, encoded here on the caller's thread (entering a
+    stream does it off the event loop, with the context's character bound first:
+    :func:`.offload.encode_request`).
 
     Raises:
         InvalidRequestError: the prompt encodes to no tokens, or malformed ``messages``.
@@ -122,8 +126,11 @@ class TextStream:
     """A text request in flight: an async context manager and an async iterator of
     :class:`TextOutput`.
 
-    Entering checks and encodes the request and sends it; it raises, with nothing sent,
-    :class:`~anyio_genout.InvalidRequestError` (a bad field, named),
+    Entering checks and encodes the request (a text that cannot fit the context is refused
+    before it is encoded; templates and long texts are rendered and encoded in worker
+    threads) and sends it; it raises, with nothing sent,
+    :class:`~anyio_genout.InvalidRequestError` (a bad field, named; a prompt too long for
+    the context, in vLLM's words),
     :class:`~anyio_genout.ChatTemplateError` (``messages`` without a usable chat
     template), and whatever entering a :class:`~anyio_genout.GenerateStream` raises
     (:class:`~anyio_genout.DuplicateRequestIdError`, the client's sticky health error).
@@ -132,11 +139,12 @@ class TextStream:
     """
 
     __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_inner", "_logprobs",
-                 "_prompt", "_prompt_ids", "_prompt_pending", "_push", "_request", "_rid",
-                 "_tokenizer")
+                 "_offload", "_prompt", "_prompt_ids", "_prompt_pending", "_push", "_request",
+                 "_rid", "_tokenizer")
 
     def __init__(self, client: Client, tokenizer: Tokenizer, eos: ModelEos,
-                 request: TextRequest, *, _made_by: object = None) -> None:
+                 request: TextRequest, offload: Offload | None = None, *,
+                 _made_by: object = None) -> None:
         """Made by :meth:`TextClient.generate` (there is no public constructor)."""
         if _made_by is not _MADE_HERE:
             raise TypeError("TextStream has no public constructor: use "
@@ -145,6 +153,7 @@ class TextStream:
         self._tokenizer = tokenizer
         self._eos = eos
         self._request = request
+        self._offload = Offload(tokenizer) if offload is None else offload
         self._inner: GenerateStream | None = None
         self._decoder: TextDecoder | None = None
         # The decoder's one-token step (None without decoding); the engine's id of the request.
@@ -174,7 +183,8 @@ class TextStream:
         request = self._request
         check_text_request(request)
         tokenizer = self._tokenizer
-        self._prompt, ids = encode_prompt(tokenizer, request)
+        self._prompt, ids = await encode_request(self._offload, tokenizer, request,
+                                                 max_model_len=self._client.engine.max_model_len)
         generate_request = GenerateRequest(
             request_id=request.request_id, prompt_token_ids=ids,
             sampling_params=self._eos.fill(request.sampling_params),
@@ -389,6 +399,6 @@ class TextStream:
 
 
 def new_text_stream(client: Client, tokenizer: Tokenizer, eos: ModelEos,
-                    request: TextRequest) -> TextStream:
+                    request: TextRequest, offload: Offload) -> TextStream:
     """:meth:`TextClient.generate`'s way to make a stream (package-internal)."""
-    return TextStream(client, tokenizer, eos, request, _made_by=_MADE_HERE)
+    return TextStream(client, tokenizer, eos, request, offload, _made_by=_MADE_HERE)
