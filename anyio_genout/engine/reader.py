@@ -120,11 +120,13 @@ class OutputReader:
             return
         watch = self._watch
         if type(message) is tuple:
+            watch.heard[message[0]] += 1  # any message proves its engine alive
             if watch.learning:  # which connection this engine's messages come on
                 watch.learn(message[0], frames[0])
             self._dispatch_batch(*message)
         elif type(message) is RequestBatch:  # outputs that carry wave fields as well
             m = message.message
+            watch.heard[m.engine_index] += 1
             if watch.learning:
                 watch.learn(m.engine_index, frames[0])
             self._dispatch_batch(m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
@@ -133,6 +135,7 @@ class OutputReader:
                                                   or m.start_wave is not None):
                 self.wave_control(m)
         elif type(message) is UtilityReply:
+            watch.heard[message.message.engine_index] += 1
             calls = self._calls
             call_id = message.reply.call_id
             probed = calls.probe_engine(call_id)
@@ -150,6 +153,7 @@ class OutputReader:
                                        ranks=None if rank is None else (rank,)))
         elif self.wave_control is not None:
             assert isinstance(message, DpControl)
+            watch.heard[message.message.engine_index] += 1
             self.wave_control(message.message)
         else:
             assert isinstance(message, DpControl)

@@ -7,8 +7,9 @@
   quiet); if all answer but a connection came back, messages on it may be lost (ZeroMQ
   drops a message over ``max_message_size`` together with its connection), which fails
   open work.
-* The **liveness** task pings every engine with a utility call and finds an engine that is
-  connected but hung or deaf.
+* The **liveness** task asks every engine that has been silent a utility call and finds
+  an engine that is connected but hung or deaf (any message read from an engine proves it
+  alive: the reader counts them in :attr:`EngineWatch.heard`).
 
 Both end by failing the engines found dead (the ``fail_engines`` callable the client hands
 over: only those engines, or the whole client, as ``engine_failure`` says), or the whole
@@ -20,6 +21,7 @@ sent an ``ENGINE_CORE_DEAD`` (:meth:`EngineWatch.engine_of`).
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Final
 
@@ -36,6 +38,7 @@ from ..errors import (
 )
 from ..transport import MonitorEvent, TransportError, ZmqSocket
 from .config import EngineCoreClientConfig
+from .liveness import Heard, run_liveness
 from .utility_calls import PendingCalls
 
 __all__ = ["EngineWatch"]
@@ -69,6 +72,9 @@ class EngineWatch:
         self._healthy = healthy
         self._open_requests = open_requests
         self._output_disconnects = 0
+        #: Messages read from each engine (rank -> count): the reader counts, the liveness
+        #: check reads.
+        self.heard: Heard = defaultdict(int)
         # The sockets' connections, as their monitors report them, and the latest unjudged
         # drop of one.
         self._links = {"output": _Connections(), "input": _Connections()}
@@ -341,29 +347,11 @@ class EngineWatch:
                         "flight; every engine answered")
 
     async def liveness(self, interval: float, deadline: float) -> None:
-        """Ask every engine a cheap utility call every ``interval`` s; one that does not
-        answer within ``deadline`` s is dead."""
-        live = self._live
-        while self._healthy():
-            await anyio.sleep(interval)
-            for rank in sorted(live):
-                if rank not in live:
-                    continue  # found dead meanwhile
-                with anyio.move_on_after(deadline) as scope:
-                    try:
-                        await self._calls.call([rank], "is_sleeping", (), internal=True)
-                    except UtilityCallError:
-                        pass
-                    except OperationalError:
-                        if not self._healthy():
-                            return
-                        continue  # this engine was found dead meanwhile
-                if scope.cancelled_caught and rank in live:
-                    self._fail_engines([rank], EngineDeadError(
-                        f"engine {rank} did not answer a liveness check within {deadline:g} s",
-                        ranks=(rank,)))
-                    if not self._healthy():
-                        return
+        """The liveness task: an engine silent for ``interval`` s is asked a cheap utility
+        call, and is dead if nothing at all comes from it within ``deadline`` s (any
+        message read from an engine proves it alive; :mod:`.liveness`)."""
+        await run_liveness(self._live, self.heard, self._calls, self._healthy,
+                           self._fail_engines, interval, deadline)
 
 
 def _engines(ranks: Sequence[int]) -> str:

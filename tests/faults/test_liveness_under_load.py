@@ -1,0 +1,88 @@
+"""Overload cannot fool the liveness check: consumers slower than the engine, for longer
+than its timeout, and no request fails.
+
+The engine is a mock process stepping back to back; every stream's consumer spends
+``WORK`` seconds (blocking) on each output, so together they read outputs far slower than
+the engine makes them, and a backlog of outputs waits in front of anything else the engine
+sends, the answer to a liveness question included. Every message read from the engine
+proves it alive (docs/reliability.md, "The liveness check"): the streams, which take many
+liveness timeouts to read, all end with every token they asked for.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    GenerateRequest,
+    SamplingParams,
+)
+from anyio_genout.transport import free_tcp_address
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+STREAMS = 32
+TOKENS = 300
+#: Seconds of the consumer's (blocking) work per output: 32 x 300 x 0.3 ms = 2.9 s to read
+#: what the engine makes in a fraction of that.
+WORK = 0.0003
+LIVENESS_TIMEOUT = 0.5
+
+
+@pytest.fixture
+def engine_address() -> Iterator[str]:
+    """A mock engine process stepping back to back, dialing this address."""
+    address = free_tcp_address()
+    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
+                              address, "--step-time", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL)
+    try:
+        yield address
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+async def test_consumers_slower_than_the_engine_never_make_it_look_dead(
+        engine_address: str) -> None:
+    config = ClientConfig(engine=EngineCoreClientConfig(
+        handshake_address=engine_address, ready_timeout=20, liveness_interval=0.1,
+        liveness_timeout=LIVENESS_TIMEOUT), registry=None)
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+    async with Client.connect(config) as client:
+
+        async def consume(n: int) -> None:
+            request = GenerateRequest(request_id=f"slow-{n}", prompt_token_ids=[1, 2, 3],
+                                      sampling_params=SamplingParams(max_tokens=TOKENS,
+                                                                     ignore_eos=True))
+            got = 0
+            try:
+                async with client.generate(request) as stream:
+                    async for out in stream:
+                        got += len(out.token_ids)
+                        time.sleep(WORK)  # noqa: ASYNC251 - a consumer slower than the engine
+            except Exception as exc:
+                errors.append(exc)
+            tokens.append(got)
+
+        started = anyio.current_time()
+        with anyio.fail_after(40):
+            async with anyio.create_task_group() as tg:
+                for n in range(STREAMS):
+                    tg.start_soon(consume, n)
+        took = anyio.current_time() - started
+        assert errors == [], errors[:3]
+        assert tokens == [TOKENS] * STREAMS
+        assert client.engine.is_healthy, client.engine.health_error
+        assert took > 2 * LIVENESS_TIMEOUT, took  # overloaded for several timeouts
