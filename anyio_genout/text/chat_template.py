@@ -38,8 +38,9 @@ CACHE_SIZE: Final = 32
 #: Seconds one rendering may take before it is stopped (a model's template takes
 #: milliseconds; a runaway one is stopped within one loop iteration past this).
 RENDER_BUDGET: Final = 1.0
-#: The most characters one rendering may produce (and any value it builds) unless the
-#: caller gives a smaller bound (the text layer gives the context's character bound).
+#: The most characters one rendering may produce unless the caller gives a smaller bound
+#: (the text layer gives the context's character bound), and the largest string or list
+#: it may build on the way.
 MAX_RENDERED_CHARS: Final = 1 << 24
 _TEMPLATE_FILENAME: Final = "<template>"
 _SHOWN_SOURCE: Final = 120
@@ -148,7 +149,7 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
                "add_generation_prompt": add_generation_prompt}
     limit = MAX_RENDERED_CHARS if max_chars is None else min(max_chars, MAX_RENDERED_CHARS)
     try:
-        with budget(RENDER_BUDGET, limit) as check_output:
+        with budget(RENDER_BUDGET, limit, MAX_RENDERED_CHARS) as check_output:
             parts = []
             size = 0
             for chunk in template.generate(context):

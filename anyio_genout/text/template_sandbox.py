@@ -57,12 +57,13 @@ class RenderLimitError(ChatTemplateError):
 
 
 class _Budget:
-    __slots__ = ("deadline", "max_chars", "seconds")
+    __slots__ = ("deadline", "max_chars", "max_value", "seconds")
 
-    def __init__(self, seconds: float, max_chars: int) -> None:
+    def __init__(self, seconds: float, max_chars: int, max_value: int) -> None:
         self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.max_chars = max_chars
+        self.max_value = max_value
 
 
 _local = threading.local()
@@ -74,12 +75,12 @@ def _current() -> _Budget | None:
 
 
 @contextmanager
-def budget(seconds: float, max_chars: int) -> Iterator[Callable[[int], None]]:
-    """Render under a budget in this thread: ``seconds`` from now, values and output of at
-    most ``max_chars`` characters. Yields the output check (give it the output's size so
-    far; it raises :class:`RenderLimitError`)."""
+def budget(seconds: float, max_chars: int, max_value: int) -> Iterator[Callable[[int], None]]:
+    """Render under a budget in this thread: ``seconds`` from now, an output of at most
+    ``max_chars`` characters, values (strings, lists) of at most ``max_value``. Yields the
+    output check (give it the output's size so far; it raises :class:`RenderLimitError`)."""
     previous = _current()
-    state = _Budget(seconds, max_chars)
+    state = _Budget(seconds, max_chars, max_value)
     _local.budget = state
 
     def check_output(size: int) -> None:
@@ -104,9 +105,9 @@ def check_size(size: int, what: str = "a value") -> None:
     """Raise :class:`RenderLimitError` if ``size`` characters (or items) is beyond the
     current budget's bound (nothing outside a budget)."""
     state = _current()
-    if state is not None and size > state.max_chars:
+    if state is not None and size > state.max_value:
         raise RenderLimitError(f"the chat template built {what} of {size} characters or "
-                               f"items, more than the {state.max_chars} allowed",
+                               f"items, more than the {state.max_value} allowed",
                                kind="value")
 
 
@@ -124,7 +125,8 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
         elif operator == "*":
             bits += right.bit_length()
         if bits > MAX_INT_BITS:
-            check_size(MAX_INT_BITS + 1, "an int (bits)")
+            raise RenderLimitError(f"the chat template built an int of more than "
+                                   f"{MAX_INT_BITS} bits", kind="value")
         return
     if operator == "*":
         sized, count = (left, right) if isinstance(right, int) else (right, left)

@@ -1,0 +1,96 @@
+"""The text layer keeps templates and tokenization off the event loop, for every user of
+:class:`TextClient` (real ZeroMQ mock engine, every backend): entering a stream encodes a
+long prompt in a worker thread, refuses one that cannot fit the context before encoding
+it (vLLM's message), and stops a runaway chat template at its budget, while another task
+keeps running."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from anyio_genout import ChatTemplateError, InvalidRequestError, SamplingParams, TextRequest
+from tests.text.client_support import added, text_client, tokenizer
+
+pytestmark = pytest.mark.anyio
+
+HUGE = "The keeper wrote the weather in the ledger. " * 22_000
+RUNAWAY = "{% for i in range(6000) %}{% for j in range(6000) %}{% endfor %}{% endfor %}x"
+
+
+@asynccontextmanager
+async def _ticker() -> AsyncIterator[list[float]]:
+    """A task that wakes every 5 ms; yields the list whose one item becomes the longest
+    gap it saw."""
+    worst = [0.0]
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while True:
+            await anyio.sleep(0.005)
+            now = time.perf_counter()
+            worst[0] = max(worst[0], now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        await anyio.sleep(0.02)
+        yield worst
+        tg.cancel_scope.cancel()
+
+
+async def test_entering_encodes_a_long_prompt_in_a_worker_thread() -> None:
+    expected = tokenizer().encode(HUGE)
+    async with text_client(max_model_len=len(expected) + 10) as setup:
+        request = TextRequest(prompt=HUGE, sampling_params=SamplingParams(max_tokens=2))
+        async with _ticker() as worst:
+            start = time.perf_counter()
+            async with setup.text.generate(request) as stream:
+                took = time.perf_counter() - start
+                out = await stream.collect_text()
+        assert list(out.prompt_token_ids or ()) == expected
+        # Encoding took about a second; the other task never waited that long.
+        assert worst[0] < 0.3, f"another task waited {worst[0]:.2f} s (encoding {took:.2f} s)"
+        text, ids = await setup.text.encode(request)
+        assert (text, ids) == (HUGE, expected)
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_encoded() -> None:
+    async with text_client() as setup:
+        limit = 4095 * tokenizer().max_chars_per_token
+        for request, field in ((TextRequest(prompt=HUGE), "prompt"),
+                               (TextRequest(messages=[{"role": "user", "content": HUGE}]),
+                                "messages")):
+            start = time.perf_counter()
+            with pytest.raises(InvalidRequestError) as caught:
+                async with setup.text.generate(request):
+                    pass
+            assert time.perf_counter() - start < 0.5  # encoding it would take 1-2 s
+            assert caught.value.field == field
+            assert "However, the model's context length is only 4096 tokens, resulting in " \
+                   f"a maximum input length of 4095 tokens (at most {limit} characters). " \
+                   "Please reduce the length of the input prompt." in str(caught.value)
+        with pytest.raises(InvalidRequestError, match=f"You passed {len(HUGE)} input"):
+            await setup.text.encode(TextRequest(prompt=HUGE))
+        # Just under the bound is fine (and encoded).
+        fits = "a" * limit
+        assert (await setup.text.encode(TextRequest(prompt=fits)))[1]
+
+
+async def test_a_runaway_template_stops_at_its_budget_off_the_loop() -> None:
+    async with text_client() as setup:
+        request = TextRequest(messages=[{"role": "user", "content": "hi"}],
+                              chat_template_kwargs={"chat_template": RUNAWAY})
+        async with _ticker() as worst:
+            start = time.perf_counter()
+            with pytest.raises(ChatTemplateError, match="budget of 1 s"):
+                async with setup.text.generate(request):
+                    pass
+            took = time.perf_counter() - start
+        assert took < 3.0
+        assert worst[0] < 0.3, f"another task waited {worst[0]:.2f} s"
+        assert added(setup.engine) == []
