@@ -9,7 +9,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import anyio
 import anyio.abc
@@ -31,7 +31,8 @@ _MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default
 
 
 def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | None,
-                   eos: int | None) -> ClientConfig:
+                   eos: int | None, last_engine_death: Literal["fail", "wait"] = "fail"
+                   ) -> ClientConfig:
     """The client's configuration from the options; raises :class:`UsageError` if invalid.
 
     Built before anything is bound or printed, so a bad option is a one-line error up front.
@@ -47,6 +48,7 @@ def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | N
                 liveness_interval=args.liveness_interval,
                 liveness_timeout=args.liveness_timeout,
                 vocab_size=vocab_size,
+                last_engine_death=last_engine_death,
             ),
             model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
     except (ValueError, TypeError) as exc:
@@ -138,13 +140,16 @@ class ClientSession:
 
     For ``serve --workers``: with ``worker``, a client that starts no engine but adopts the
     sockets its supervisor bound and waits for the engines to register there (the
-    supervisor's half is :class:`EngineSession`).
+    supervisor's half is :class:`EngineSession`). ``last_engine_death``: the client's
+    (``serve`` waits for engines to rejoin: ``"wait"``).
     """
 
     def __init__(self, args: argparse.Namespace, *, quiet: bool = False,
                  tokenizer: Tokenizer | None = None,
-                 worker: WorkerSockets | None = None) -> None:
+                 worker: WorkerSockets | None = None,
+                 last_engine_death: Literal["fail", "wait"] = "fail") -> None:
         self._args = args
+        self._last_engine_death = last_engine_death
         self._quiet = quiet
         self._tokenizer = tokenizer
         self._worker = worker
@@ -219,7 +224,7 @@ class ClientSession:
             vocab_size = vocab_size or tokenizer.vocab_size
         self._corpus = corpus
         # The whole configuration is checked before anything is bound, started or printed.
-        return _client_config(args, handshake, vocab_size, eos)
+        return _client_config(args, handshake, vocab_size, eos, self._last_engine_death)
 
     async def _start(self, args: argparse.Namespace, config: ClientConfig) -> None:
         """Start the embedded mock engines or the managed vLLM engines, or say how to start

@@ -21,7 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "/detokenize) in front of the engines, with Hypercorn on trio or "
                     "asyncio. With no engine option an embedded mock engine continues the "
                     "text shipped with anyio-genout. Needs the server extra "
-                    "(pip install 'anyio-genout[server]'). Runs until SIGINT or SIGTERM.")
+                    "(pip install 'anyio-genout[server]'). Runs until SIGINT (exit 130) or "
+                    "SIGTERM (a drain, see --shutdown-timeout; exit 0), or until no engine "
+                    "is left (exit 1).")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000,
@@ -59,6 +61,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="Hypercorn's read_timeout: close a connection that sends "
                              "nothing for this long, even while its response streams "
                              "(default: none; set it above your longest response)")
+    lifecycle = parser.add_argument_group("shutdown and engines that die")
+    lifecycle.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
+                           help="on SIGTERM, stop accepting connections (/health 503) and let "
+                                "open requests finish for up to this long, then abort the "
+                                "rest and exit 0; SIGINT aborts at once (default: "
+                                "%(default)s, vLLM's: abort at once)")
+    lifecycle.add_argument("--engine-rejoin-timeout", type=float, default=None,
+                           metavar="SECONDS",
+                           help="when every engine has died, keep answering 503 and wait this "
+                                "long for a restarted engine to rejoin, then exit 1 naming "
+                                "the dead engines (0: exit at once, as vLLM does; default: "
+                                "--ready-timeout with --handshake-address, whose engines "
+                                "something else restarts, else 0)")
     add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)
@@ -75,6 +90,10 @@ def check_serve_args(args: argparse.Namespace) -> None:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
+    for option in ("shutdown_timeout", "engine_rejoin_timeout"):
+        value = getattr(args, option)
+        if value is not None and not value >= 0:
+            raise UsageError(f"--{option.replace('_', '-')} must be 0 or more, got {value}")
     for option in ("keep_alive_timeout", "body_timeout"):
         if not getattr(args, option) > 0:
             raise UsageError(f"--{option.replace('_', '-')} must be positive, got "

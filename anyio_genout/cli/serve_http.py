@@ -14,9 +14,11 @@ import anyio
 import anyio.abc
 
 from ..errors import UsageError
+from ..generate import Client
 from ..text.client import TextClient
 from ..text.tokenizer import Tokenizer
 from .engines import ClientSession, WorkerSockets
+from .serve_lifecycle import Lifecycle, hypercorn_logger, rejoin_timeout, watch_engines
 
 __all__ = ["http_url", "listen", "serve", "served_model_name"]
 
@@ -50,12 +52,19 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                 worker: WorkerSockets | None = None, announce: str | None = None,
                 on_ready: Callable[[], None] | None = None,
                 stop: anyio.Event | None = None) -> int:
-    """Serve the API on the listening socket ``http_fd`` (Hypercorn closes it) until
-    SIGINT/SIGTERM (exit status 130) or until ``stop`` is set (0).
+    """Serve the API on the listening socket ``http_fd`` (Hypercorn closes it) until a
+    signal or until ``stop`` is set; returns the exit status: 0 after SIGTERM (a drain of
+    up to ``--shutdown-timeout`` seconds) or ``stop`` (the open requests aborted), 130
+    after SIGINT (aborted at once).
 
     ``worker``: connect as that worker of a supervisor (no engines are started here).
     ``announce``: print where it serves once the engines are ready; ``on_ready`` is called
-    then too. A signal before that stops the start-up.
+    then too. A signal before that stops the start-up (130).
+
+    Raises the engines' start-up errors, and the :class:`~anyio_genout.ClientUnhealthyError`
+    that ends it when the engine client fails as a whole or no engine came back within
+    ``--engine-rejoin-timeout`` seconds (an :class:`~anyio_genout.EngineDeadError` naming
+    the engines down): the command then exits 1.
     """
     from hypercorn.config import Config
 
@@ -64,28 +73,35 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
     config = Config()
     config.bind = [f"fd://{http_fd}"]
     config.accesslog = None
-    config.graceful_timeout = 1.0
+    config.errorlog = hypercorn_logger()
     config.keep_alive_timeout = args.keep_alive_timeout
     config.read_timeout = args.read_timeout
-    stop = stop or anyio.Event()
-    interrupted = serving = False
+    lifecycle = Lifecycle(config, args.shutdown_timeout)
+    serving = False
 
     async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        nonlocal interrupted
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
-            async for _ in signals:
-                interrupted = True
+            async for signum in signals:
                 if serving:
-                    stop.set()  # Hypercorn shuts down gracefully (it is not cancelled)
+                    lifecycle.on_signal(signum)  # a second one aborts the drain
                 else:
+                    lifecycle.signal = signum
                     tg.cancel_scope.cancel()  # still starting: stop waiting for engines
-                return
+                    return
 
+    async def on_stop() -> None:
+        await external.wait()
+        lifecycle.begin(0.0)
+
+    async def on_engines(client: Client) -> None:
+        lifecycle.fail(await watch_engines(client.engine, rejoin_timeout(args)))
+
+    external = stop or anyio.Event()
     async with anyio.create_task_group() as tg:
         await tg.start(on_signal)
         async with ClientSession(args, tokenizer=tokenizer, worker=worker,
-                                 quiet=worker is not None) as client:
+                                 quiet=worker is not None, last_engine_death="wait") as client:
             try:
                 text_client = TextClient(client, tokenizer)
             except ValueError as exc:
@@ -95,20 +111,28 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              max_body_size=args.max_body_size,
                              max_concurrent_requests=args.max_concurrent_requests,
                              body_timeout=args.body_timeout)
+            app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if announce is not None:
                 print(f"serving {served_model_name(args)!r} on {announce}", file=sys.stderr,
                       flush=True)
             if on_ready is not None:
                 on_ready()
             serving = True
-            await _serve(app, config, args.backend, stop)
+            async with anyio.create_task_group() as serving_tasks:
+                serving_tasks.start_soon(on_stop)
+                serving_tasks.start_soon(on_engines, client)
+                serving_tasks.start_soon(lifecycle.drain, client)
+                await _serve(app, config, args.backend, lifecycle.stop)
+                serving_tasks.cancel_scope.cancel()
         tg.cancel_scope.cancel()
-    return 130 if interrupted else 0
+    if lifecycle.failure is not None:
+        raise lifecycle.failure
+    return 130 if lifecycle.signal == signal.SIGINT or not serving else 0
 
 
 async def _serve(app: Any, config: Any, backend: str, stop: anyio.Event) -> None:
-    """Serve until ``stop`` is set; then Hypercorn closes its connections (in-flight
-    requests get ``graceful_timeout`` seconds, then are cancelled, aborting them)."""
+    """Serve until ``stop`` is set; then Hypercorn closes its listening socket, and its
+    connections get ``graceful_timeout`` seconds to finish before they are cancelled."""
     if backend == "trio":
         from hypercorn.trio import serve as trio_serve
 

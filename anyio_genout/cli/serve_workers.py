@@ -16,9 +16,14 @@ supervisor; it serves no HTTP itself:
    names every worker's pair, so each engine connects to all of them and answers each
    request on the output socket of the ``client_index`` it came with.
 4. Once every worker says it is connected, it prints where it serves, then runs until
-   SIGINT/SIGTERM or until a worker exits. Then it asks each worker to stop (SIGTERM: a
-   graceful Hypercorn shutdown that aborts what is still in flight), kills one still there
-   after :data:`WORKER_STOP_GRACE` seconds, and stops the engines.
+   SIGINT/SIGTERM or until a worker exits, its handshake socket still open: a restarted
+   engine's HELLO gets the same INIT, so it registers with every worker again, and each
+   worker that has its rank down takes it back. On SIGTERM it forwards SIGTERM (each
+   worker drains for up to ``--shutdown-timeout`` seconds, then aborts what is left) and
+   exits 0; on SIGINT, or when a worker exited (e.g. no engine came back within
+   ``--engine-rejoin-timeout``: each worker exits 1 naming the engines), it sends SIGINT
+   (abort at once). It kills a worker still there :data:`WORKER_STOP_GRACE` seconds
+   after its drain, and stops the engines.
 
 Workers run in their own sessions (a terminal's Ctrl-C reaches only the supervisor, which
 stops them once), and a worker whose supervisor vanished (its stdin closes: the supervisor
@@ -36,16 +41,19 @@ import socket
 import subprocess
 import sys
 from contextlib import ExitStack
+from functools import partial
 from typing import IO, Any, Final
 
 import anyio
 import anyio.abc
 
 from ..engine.handshake import serve_handshake
+from ..engine.rejoin import answer_restarted_engines
 from ..errors import GenoutError, OperationalError, UsageError
 from ..text.tokenizer import Tokenizer
 from .engines import EngineSession, WorkerSockets
 from .serve_http import http_url, listen, serve, served_model_name
+from .serve_lifecycle import DRAIN_SLACK
 from .text_model import load_tokenizer
 
 __all__ = ["WORKER_COMMAND", "WORKER_STOP_GRACE", "read_worker_spec", "supervise"]
@@ -53,8 +61,8 @@ __all__ = ["WORKER_COMMAND", "WORKER_STOP_GRACE", "read_worker_spec", "supervise
 #: The internal command a supervisor starts its workers with (``anyio-genout serve-worker``).
 WORKER_COMMAND: Final = "serve-worker"
 
-#: Seconds a worker has to stop after SIGTERM (Hypercorn's graceful shutdown, then the
-#: client's final ABORTs) before the supervisor kills it.
+#: Seconds a worker has to stop, beyond its drain (``--shutdown-timeout`` and
+#: :data:`~.serve_lifecycle.DRAIN_SLACK`), before the supervisor kills it.
 WORKER_STOP_GRACE: Final = 10.0
 #: Seconds the workers have, beyond ``--ready-timeout``, to start (import, load the
 #: tokenizer) and connect once the engines are ready.
@@ -84,8 +92,8 @@ class _Worker:
 
 
 async def supervise(args: argparse.Namespace, tokenizer: Tokenizer) -> int:
-    """Run ``args.workers`` server processes on the same engines until SIGINT/SIGTERM
-    (exit status 130).
+    """Run ``args.workers`` server processes on the same engines until SIGINT (exit
+    status 130) or SIGTERM (the workers drain; 0).
 
     Raises :class:`UsageError` when a socket cannot be bound, the engines' start-up errors
     (:class:`~anyio_genout.errors.HandshakeTimeoutError`, ...), and
@@ -154,8 +162,8 @@ async def _run(args: argparse.Namespace, engine_config: Any, session: EngineSess
                workers: list[_Worker], pairs: list[tuple[str, str]], ready_fd: int,
                url: str) -> int:
     stop = anyio.Event()
-    interrupted = False
     failure: list[BaseException] = []
+    received: list[signal.Signals] = []
 
     def fail(error: BaseException) -> None:
         if not failure:
@@ -163,28 +171,31 @@ async def _run(args: argparse.Namespace, engine_config: Any, session: EngineSess
         stop.set()
 
     async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        nonlocal interrupted
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
-            async for _ in signals:
-                interrupted = True
+            async for signum in signals:
+                received.append(signum)
                 stop.set()
                 return
 
     async def watch(worker: _Worker) -> None:
         status = await worker.process.wait()
-        fail(OperationalError(f"server worker {worker.index} exited with status {status}; "
-                              f"stopping the others"))
+        why = " (it said why above)" if status == 1 else ""
+        fail(OperationalError(f"server worker {worker.index} exited with status {status}"
+                              f"{why}; stopping the others"))
 
     async def start_up() -> None:
         try:
-            with anyio.fail_after(engine_config.ready_timeout + WORKER_START_SLACK):
-                await serve_handshake(engine_config, [i for i, _ in pairs],
-                                      [o for _, o in pairs])
+            # The handshake socket stays open: restarted engines are told every worker's
+            # sockets again, and rejoin each worker (docs/server.md, --workers).
+            await tg.start(partial(serve_handshake, engine_config, [i for i, _ in pairs],
+                                   [o for _, o in pairs], after_start=partial(
+                                       answer_restarted_engines, engine_config)))
+            with anyio.fail_after(WORKER_START_SLACK):
                 await _wait_ready(ready_fd, len(workers))
         except TimeoutError:
             fail(OperationalError(f"the server workers did not connect within "
-                                  f"{engine_config.ready_timeout + WORKER_START_SLACK:g} s"))
+                                  f"{WORKER_START_SLACK:g} s of the engines' READY"))
             return
         except GenoutError as exc:
             fail(exc)
@@ -206,9 +217,12 @@ async def _run(args: argparse.Namespace, engine_config: Any, session: EngineSess
     finally:
         if unregister is not None:
             unregister()
-    if interrupted:
-        return 130
-    raise failure[0]
+    if failure:
+        raise failure[0]
+    # SIGTERM: the workers drain (up to --shutdown-timeout) and stop; SIGINT: at once.
+    signum = received[0]
+    await _stop_workers(workers, signum, args.shutdown_timeout + DRAIN_SLACK)
+    return 130 if signum == signal.SIGINT else 0
 
 
 async def _wait_ready(fd: int, count: int) -> None:
@@ -222,15 +236,17 @@ async def _wait_ready(fd: int, count: int) -> None:
         got += len(data)
 
 
-async def _stop_workers(workers: list[_Worker]) -> None:
-    """SIGTERM each worker still running; SIGKILL one that outlives the grace period."""
+async def _stop_workers(workers: list[_Worker], signum: signal.Signals = signal.SIGINT,
+                        drain: float = DRAIN_SLACK) -> None:
+    """Send ``signum`` to each worker still running (SIGTERM: drain; SIGINT: abort what is
+    open); SIGKILL one that outlives ``drain`` + :data:`WORKER_STOP_GRACE` seconds."""
     running = [w for w in workers if w.process.returncode is None]
     for worker in running:
         try:
-            worker.process.send_signal(signal.SIGTERM)
+            worker.process.send_signal(signum)
         except ProcessLookupError:
             pass
-    with anyio.move_on_after(WORKER_STOP_GRACE):
+    with anyio.move_on_after(drain + WORKER_STOP_GRACE):
         for worker in running:
             await worker.process.wait()
     for worker in running:

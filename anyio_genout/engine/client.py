@@ -89,8 +89,7 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         self._ready = dict(sorted(ready.items()))
         self._ranks = list(self._ready)
         self._identities = {rank: engine_identity(rank) for rank in self._ranks}
-        self._rejoins = Rejoins(config, sockets, lambda rank: rank in self._registry.live,
-                                self._rejoin)
+        self._rejoins = Rejoins(config, sockets, self._rejoin_refusal, self._rejoin)
         self._input = EngineInput(sockets.input, self._identities, self.fail,
                                   self._rejoins.on_input)
         self._send_input = self._input.send
@@ -421,6 +420,11 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
                 engine's rank to its result).
             ClientUnhealthyError: the client's sticky health error, at once or when it
                 turns unhealthy while the call waits (:class:`EngineDeadError`,
-                :class:`ClientClosedError`, ...).
+                :class:`ClientClosedError`, ...); :class:`EngineDeadError` naming every
+                engine and why, at once, while none is up (``last_engine_death="wait"``).
         """
-        return await self._calls.call(self.live_engines, method, args)
+        live = self.live_engines
+        if not live and self._error is None:
+            await anyio.lowlevel.checkpoint()
+            raise self._registry.none_up_error()
+        return await self._calls.call(live, method, args)

@@ -146,7 +146,17 @@ class EngineCoreClientConfig:
     with an :class:`~anyio_genout.EngineDeadError` naming it; it leaves the routing set and
     the client stays healthy while another engine lives. ``"client"``: the whole client
     (every request, every engine), for a data-parallel group whose engines must step
-    together. Either way the last engine's death makes the client unhealthy.
+    together. Either way the last engine's death makes the client unhealthy, unless
+    ``last_engine_death="wait"``.
+
+    ``last_engine_death``: what the death of the last engine up does. ``"fail"`` (the
+    default): the client fails as a whole (sticky :attr:`health_error`), as vLLM's front
+    ends do; leave ``connect`` and connect again. ``"wait"`` (needs ``engine_failure=
+    "engine"``; ``anyio-genout serve`` uses it): the client stays healthy with no engine up
+    (``live_engines`` empty), every new request and utility call fails at once with an
+    :class:`~anyio_genout.EngineDeadError` naming the engines down and why, and a restarted
+    engine rejoins as when others live; how long to wait for one is the caller's choice
+    (``serve --engine-rejoin-timeout``). docs/reliability.md, "When every engine dies".
 
     Routing (docs/routing.md), for requests without a ``data_parallel_rank``: ``routing``
     ``"load"`` (default) sends each to the least-loaded engine by vLLM's score (KV-usage
@@ -193,6 +203,8 @@ class EngineCoreClientConfig:
     prefix_memory_blocks: int = attrs.field(default=DEFAULT_MEMORY_BLOCKS,
                                             validator=_at_least_one)
     data_parallel_waves: bool = False
+    last_engine_death: Literal["fail", "wait"] = attrs.field(
+        default="fail", validator=attrs.validators.in_(("fail", "wait")))
 
     def __attrs_post_init__(self) -> None:
         if self.bootstrapped and (self.input_address is None or self.output_address is None):
@@ -208,6 +220,10 @@ class EngineCoreClientConfig:
             raise ValueError("liveness_interval must be positive or None")
         if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
             raise ValueError("heartbeat_interval must be positive or None")
+        if self.last_engine_death == "wait" and self.engine_failure != "engine":
+            raise ValueError('last_engine_death="wait" needs engine_failure="engine" (a '
+                             'group whose first death fails the client has nothing to wait '
+                             'for)')
 
     @property
     def engine_ranks(self) -> range:

@@ -24,7 +24,7 @@ an exception group), and one that hits a background task is unwrapped.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -346,7 +346,11 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
 
 
 async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
-                          outputs: Sequence[str]) -> None:
+                          outputs: Sequence[str], *,
+                          after_start: Callable[[ZmqSocket, bytes], Awaitable[None]] | None
+                          = None,
+                          task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                          ) -> None:
     """Be the handshake owner for front ends that run in other processes.
 
     Binds ``config.handshake_address``, answers every engine's HELLO with an INIT naming
@@ -354,7 +358,10 @@ async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
     process's ``client_index``), and returns once every engine of ``config.engine_ranks``
     said READY. Each front end meanwhile waits, bootstrapped, for the engines to register
     on its own input socket. This is how vLLM's ``--api-server-count`` supervisor starts
-    its API servers.
+    its API servers. With ``after_start``, it reports the start-up done through
+    ``task_status`` and then awaits ``after_start(socket, init)`` with the socket still
+    open (:func:`.rejoin.answer_restarted_engines` keeps answering the HELLOs of restarted
+    engines with the same INIT until cancelled).
 
     Raises :class:`HandshakeTimeoutError` (the stage and the engines missing) after
     ``config.ready_timeout`` seconds, :class:`HandshakeError` on a bad message from an
@@ -368,6 +375,7 @@ async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
     context = new_context()
     sock = ZmqSocket(context, zmq.ROUTER, max_message_size=1 << 20)
     try:
+        sock.raw.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine, as bind_sockets
         sock.bind(config.handshake_address)
         logger.info("waiting for %s to say HELLO on %s, up to %g s (ready_timeout)%s",
                     _engines(list(config.engine_ranks)), config.handshake_address,
@@ -381,6 +389,9 @@ async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
             else:
                 stage, absent = "READY", [r for r in ranks if r not in peers.ready]
             raise HandshakeTimeoutError(stage, absent, config.ready_timeout)
+        task_status.started()
+        if after_start is not None:
+            await after_start(sock, init)
     finally:
         sock.close(linger=1.0)  # the last INIT is long gone: READY came after it
         context.term()
@@ -399,20 +410,20 @@ async def _leave(tg: anyio.abc.TaskGroup) -> None:
         raise interrupt from None
 
 
-
-
-
 def _engines(ranks: list[int]) -> str:
     return (f"engine {ranks[0]}" if len(ranks) == 1
             else f"engines {', '.join(map(str, ranks))}")
 
 
 def _vllm_hint(config: EngineCoreClientConfig) -> str:
-    """How engines are pointed at a ``tcp://`` handshake address (vLLM takes no other)."""
+    """How engines are pointed at a ``tcp://`` handshake address (vLLM takes no other: its
+    engines dial ``tcp://`` + ``--data-parallel-address`` + ``--data-parallel-rpc-port``)."""
     scheme, _, rest = config.handshake_address.partition("://")
     host, _, port = rest.rpartition(":")
     if scheme != "tcp" or not port.isdigit():
-        return ""
+        return ("; vLLM engines dial only a tcp:// handshake address (--data-parallel-address "
+                "and --data-parallel-rpc-port), engines that take a ZeroMQ address (the mock "
+                "engine's --handshake-address) dial this one")
     host = host.strip("[]")
     if host in ("*", "0.0.0.0", "::"):
         host = "<this host's address>"

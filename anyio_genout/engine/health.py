@@ -3,7 +3,8 @@ or comes back (mixed into :class:`~anyio_genout.EngineCoreClient`).
 
 With ``engine_failure="engine"`` an engine that dies leaves routing and fails its own
 requests and utility calls; the client fails as a whole (sticky error, every stream and
-call ended once) on the ``"client"`` policy, when the last engine dies, or on an error that
+call ended once) on the ``"client"`` policy, when the last engine dies (unless
+``last_engine_death="wait"``: then it waits, engineless, for rejoins), or on an error that
 names no engine. A restarted engine of a rank that is down rejoins (:mod:`.rejoin`).
 docs/reliability.md has the rules and their tests.
 """
@@ -123,7 +124,8 @@ class EngineHealth:
         routing set at once (a request pinned to it fails at once), its open streams and
         its share of waiting utility calls get the error once (an error naming it), no
         ABORT is sent to it, and the client stays healthy. Otherwise (the ``"client"``
-        policy, or no engine left) the whole client fails with ``error``, as :meth:`fail`.
+        policy, or no engine left unless ``last_engine_death="wait"``) the whole client
+        fails with ``error``, as :meth:`fail`.
         """
         if self._error is not None:
             return
@@ -133,7 +135,9 @@ class EngineHealth:
             return
         if error.ranks is None:
             error.ranks = tuple(dead)
-        if self._config.engine_failure == "client" or registry.live <= set(dead):
+        config = self._config
+        if config.engine_failure == "client" or (registry.live <= set(dead)
+                                                 and config.last_engine_death == "fail"):
             self._fail_client(error)
             return
         for rank in dead:
@@ -149,6 +153,9 @@ class EngineHealth:
             logger.warning("engine %d is down, %d request(s) failed with it (engines up: "
                            "%s): %s", rank, len(entries), self.live_engines, error)
             self._tell_health(rank, False)
+        if not registry.live:  # last_engine_death="wait"
+            logger.warning("no engine is up: every request fails at once until one rejoins "
+                           "(engines down: %s)", ", ".join(map(str, sorted(registry.down))))
 
     def _fail_client(self, error: ClientUnhealthyError) -> None:
         if self._error is not None:
@@ -180,6 +187,18 @@ class EngineHealth:
         self._aborts.clear()
         for rank in sorted(registry.live):
             self._tell_health(rank, False)
+
+    def _rejoin_refusal(self, rank: int) -> str | None:
+        """Why a restarted engine ``rank`` cannot rejoin now (its HELLO or registration is
+        refused), or None if it may."""
+        if self._error is not None:
+            return (f"the client failed as a whole ({self._error}), and a failed client "
+                    f"takes no engine back (restart the front end; with "
+                    f"last_engine_death='wait' the last engine's death does not fail it)")
+        if rank in self._registry.live:
+            return (f"engine {rank} is up (a duplicate, or its restart came before its death "
+                    f"was found)")
+        return None
 
     def _rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
         """Engine ``rank``, down, completed its handshake again (a restarted engine): put it

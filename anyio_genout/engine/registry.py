@@ -6,7 +6,7 @@ every method is synchronous, so no lock is needed and nothing can be interleaved
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -16,7 +16,18 @@ from ..protocol import EngineCoreRequest, PrefillStats, SchedulerStats
 from .mailbox import OutputMailbox, mailbox_factory
 from .routing import EngineLoad, LoadRouter, Router
 
-__all__ = ["EngineLoad", "RequestEntry", "RequestRegistry", "UtilityWaiter"]
+__all__ = ["EngineLoad", "RequestEntry", "RequestRegistry", "UtilityWaiter", "why_down"]
+
+
+def why_down(engines: Mapping[int, Exception | None]) -> str:
+    """``"engine 0: <why>; engine 1: <why>"`` for engines by rank and why each is down
+    (a reason that already starts with its engine is not prefixed again)."""
+    parts = []
+    for rank, error in engines.items():
+        text = "" if error is None else str(error)
+        named = text.startswith((f"engine {rank}:", f"engine {rank} "))
+        parts.append(text if named else f"engine {rank}: {text}" if text else f"engine {rank}")
+    return "; ".join(parts)
 
 
 class RequestEntry:
@@ -78,9 +89,15 @@ class RequestRegistry:
         if rank is not None and rank not in live:
             raise self.down_error(rank)
         if not live:
-            raise EngineDeadError("every engine is down", ranks=sorted(engines))
+            raise self.none_up_error()
         return self.router.choose(request, [engines[r] for r in self._order if r in live],
                                   pinned)
+
+    def none_up_error(self) -> EngineDeadError:
+        """The error for a request while no engine is up: each engine down and why."""
+        ranks = sorted(self.engines)
+        why = why_down({rank: self.down.get(rank) for rank in ranks})
+        return EngineDeadError(f"every engine is down ({why})", ranks=ranks)
 
     def down_error(self, rank: int) -> EngineDeadError:
         """The error for a request pinned (``data_parallel_rank``) to a down engine."""

@@ -31,7 +31,7 @@ from ..transport import ZmqSocket
 from .config import EngineCoreClientConfig
 from .handshake import MAX_JUNK_LOGGED, BoundSockets
 
-__all__ = ["RejoinHandler", "Rejoins"]
+__all__ = ["RejoinHandler", "Rejoins", "answer_restarted_engines"]
 
 logger = logging.getLogger("anyio_genout.engine")
 
@@ -55,22 +55,23 @@ class Rejoins:
     from an engine of a known rank that is down gets INIT with the same addresses; its
     registration on the input socket (handed over by the input drain,
     :meth:`on_input`) and its READY (either order) make it rejoin (``rejoin``). A HELLO
-    from a rank that is up, or outside ``engine_ranks``, is refused with a log line and no
-    INIT (elastic growth is not supported). Junk is logged and ignored, as at start-up.
+    from a rank that is up, or outside ``engine_ranks``, or to a client that failed as a
+    whole (``refusal(rank)`` says why), is refused with a log line and no INIT (elastic
+    growth is not supported). Junk is logged and ignored, as at start-up.
     Bootstrapped, an engine that registers on the input socket while it is down rejoins at
     once. Never raises out of :meth:`run` but on cancellation; the handshake socket's
     closing ends it.
     """
 
     def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
-                 is_up: Callable[[int], bool], rejoin: RejoinHandler) -> None:
+                 refusal: Callable[[int], str | None], rejoin: RejoinHandler) -> None:
         self._config = config
         self._handshake = sockets.handshake
         self._input = sockets.input
         self._init = encode_init(HandshakeAddresses([sockets.input_address],
                                                     [sockets.output_address]))
         self._ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
-        self._is_up = is_up
+        self._refusal = refusal
         self._rejoin = rejoin
         self._pending: dict[int, _Rejoining] = {}
         self._junk = 0
@@ -126,11 +127,9 @@ class Rejoins:
                     "refusing a HELLO from an engine with identity %r: its rank is not one "
                     "of this client's (%s; elastic growth is not supported), no INIT sent",
                     identity[:16], _ranks(self._config.engine_ranks))
-            elif self._is_up(rank):
+            elif (why := self._refusal(rank)) is not None:
                 self.refused += 1
-                logger.warning("refusing a HELLO from engine %d: engine %d is up (a "
-                               "duplicate, or its restart came before its death was "
-                               "found), no INIT sent", rank, rank)
+                logger.warning("refusing a HELLO from engine %d: %s; no INIT sent", rank, why)
             else:
                 self._pending[rank] = _Rejoining()
                 logger.info("engine %d said HELLO again (local=%s, headless=%s): sent INIT, "
@@ -152,8 +151,16 @@ class Rejoins:
         if len(frames) != 2:
             return False
         rank = self._ranks.get(bytes(frames[0].buffer))
-        if rank is None or self._is_up(rank):
+        if rank is None:
             return False
+        why = self._refusal(rank)
+        if why is not None:
+            if self._handshake is not None:
+                return False  # its HELLO was refused, and said why
+            self.refused += 1
+            logger.warning("ignoring a registration from engine %d on the input socket: %s",
+                           rank, why)
+            return True
         pending = self._pending.get(rank)
         if self._handshake is not None and (pending is None or pending.registration):
             return False  # no HELLO first (or registered twice): not a rejoin
@@ -199,6 +206,60 @@ class Rejoins:
                            where, identity[:16], why)
         elif self._junk == MAX_JUNK_LOGGED + 1:
             logger.warning("ignoring more junk on the handshake socket without logging it")
+
+
+async def answer_restarted_engines(config: EngineCoreClientConfig, sock: ZmqSocket,
+                                   init: bytes) -> None:
+    """The handshake owner for front ends in other processes, after start-up
+    (``serve_handshake``'s ``after_start``): answer every HELLO from an engine of
+    ``config.engine_ranks`` with ``init`` (every front end's pair). It cannot know whether
+    that rank is down in each front end; each one decides, as a bootstrapped client, when
+    the engine registers on its input socket (taken if that rank is down there, else
+    refused with a log line). A rank outside them is refused; junk is logged and ignored.
+    Runs until cancelled or the socket closes; never raises otherwise."""
+    ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
+    junk = 0
+
+    def ignore(identity: bytes, why: str) -> None:
+        nonlocal junk
+        junk += 1
+        if junk <= MAX_JUNK_LOGGED:
+            logger.warning("ignoring a message on the handshake socket from %r after "
+                           "start-up: %s", identity[:16], why)
+
+    try:
+        while True:
+            frames = sock.receive_nowait()
+            if frames is None:
+                await sock.wait_readable()
+                continue
+            await anyio.lowlevel.checkpoint()  # a flood of junk cannot starve the loop
+            identity = bytes(frames[0].buffer)
+            rank = ranks.get(identity)
+            if len(frames) != 2:
+                ignore(identity, f"{len(frames)} frames")
+                continue
+            try:
+                message = decode_status(bytes(frames[1].buffer))
+            except GenoutError as exc:
+                ignore(identity, str(exc))
+                continue
+            if rank is None:
+                ignore(identity, f"{message.status.value} from a rank not one of "
+                                 f"{_ranks(config.engine_ranks)} (elastic growth is not "
+                                 f"supported), no INIT sent")
+            elif message.status is EngineStatus.HELLO:
+                logger.warning("engine %d said HELLO again (a restarted engine): sent INIT "
+                               "naming every front end's sockets; each takes it back if it "
+                               "has the rank down", rank)
+                sock.send_nowait([identity, init])
+            else:
+                logger.info("engine %d is READY again", rank)
+    except anyio.ClosedResourceError:
+        return
+    except TransportError as exc:
+        logger.warning("the handshake socket failed; restarted engines cannot rejoin: %s",
+                       exc)
 
 
 def _ranks(ranks: range) -> str:

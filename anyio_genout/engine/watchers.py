@@ -266,6 +266,8 @@ class EngineWatch:
         config = self._config
         live = self._live
         ranks = sorted(live)
+        if not ranks:
+            return  # no engine up (last_engine_death="wait"): nobody to ask, nothing to lose
         answered: set[int] = set()
         everyone = anyio.Event()
         self._answered_on.clear()

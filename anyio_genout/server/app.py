@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from ..errors import GenoutError
+from ..engine.registry import why_down
+from ..errors import EngineDeadError, GenoutError
 from ..text.client import TextClient
 from . import requests
 from .errors import ApiError, error_for, install_handlers
@@ -74,7 +75,15 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
 
     @app.get("/health")
     async def health() -> Response:
-        error = client.engine.health_error
+        # 503 while the server drains (``app.state.lifecycle``, set by ``anyio-genout
+        # serve``), while the client is unhealthy, and while no engine is up.
+        lifecycle = getattr(app.state, "lifecycle", None)
+        if lifecycle is not None and lifecycle.draining:
+            raise ApiError(503, "the server is shutting down (draining its open requests)")
+        engine = client.engine
+        error = engine.health_error
+        if error is None and not engine.live_engines:  # last_engine_death="wait"
+            error = EngineDeadError(f"every engine is down ({why_down(engine.engine_health)})")
         if error is not None:
             raise error_for(error)
         return Response(status_code=200)
