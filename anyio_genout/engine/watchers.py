@@ -81,7 +81,7 @@ class EngineWatch:
         self._drop: _Drop | None = None
         self._probing: _Drop | None = None  # the drop being judged
         self._drop_seen = anyio.Event()  # set by the watchers, for the prober
-        self._input_connected = anyio.Event()  # set (and replaced) on every new connection
+        self._connected = anyio.Event()  # set (and replaced) on every new connection
         self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
         # Output connection descriptor -> the engine whose messages came on it; ``learning``
         # while an engine up has no known connection (the reader then calls learn()).
@@ -190,11 +190,13 @@ class EngineWatch:
                     self.learning = True
                 if kind == zmq.EVENT_DISCONNECTED:
                     drops.append((name, event.endpoint, links.events))
-                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and name == "input":
-                    # A message sent to an engine while its input connection was down was
-                    # dropped: the prober asks again.
-                    self._input_connected.set()
-                    self._input_connected = anyio.Event()
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    # The prober asks again: a question sent while an engine's input
+                    # connection was down was dropped, and an answer sent on an output
+                    # connection that closed before it arrived (ZeroMQ drops what follows
+                    # an oversized message on its connection) is lost.
+                    self._connected.set()
+                    self._connected = anyio.Event()
         for name, endpoint, clock in drops:
             self._on_disconnect(name, endpoint, clock)
 
@@ -255,7 +257,10 @@ class EngineWatch:
           or output connections are open than there are engines (one did not come back),
           is dead: :class:`EngineDeadError` naming it.
         * If every engine still has its connections, one that has not answered yet is slow
-          (a long step), not gone: it gets up to ``liveness_timeout`` to answer.
+          (a long step), not gone: it gets up to ``liveness_timeout`` to answer. Every new
+          input or output connection meanwhile gets the question again, so an answer lost
+          with a connection that closed after the first (one more oversized message) is
+          asked for again at once, and not waited for.
         * If every engine answered: had a connection come back (a new ZeroMQ handshake), it
           was an engine's, which lives, and whatever was sent over the dropped one is lost.
           Work in flight then fails with :class:`ProtocolError` (it could miss outputs, or
@@ -292,9 +297,9 @@ class EngineWatch:
         async def ask(rank: int) -> None:
             async with anyio.create_task_group() as calls:
                 while True:
-                    connected = self._input_connected
+                    connected = self._connected
                     calls.start_soon(ask_once, rank, calls.cancel_scope)
-                    await connected.wait()  # a new input connection: ask over it too
+                    await connected.wait()  # a new connection: ask (and answer) over it too
 
         def left() -> float:
             return config.disconnect_grace - (anyio.current_time() - drop.at)
