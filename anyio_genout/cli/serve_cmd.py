@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..errors import UsageError
 from .backends import extra_message, importable
@@ -29,8 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--port", type=int, default=8000,
                         help="port to listen on (default: %(default)s)")
     parser.add_argument("--api-key", metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on every route but /health "
-                             "(default: none)")
+                        help="require 'Authorization: Bearer KEY' on the routes of "
+                             "--api-key-scope, checked before the body is read (default: "
+                             "the VLLM_API_KEY environment variable if set, as vLLM does; "
+                             "else none)")
+    parser.add_argument("--api-key-scope", choices=("v1", "all"), default="v1",
+                        help="what the key guards: 'v1', vLLM's scope (/v1/...; /metrics, "
+                             "/tokenize, /detokenize and /health open), or 'all' (every "
+                             "route but /health, /ping and /version) (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="server processes sharing the listening socket and the engines "
                              "(each engine gets one input and one output address per "
@@ -85,6 +92,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
         raise UsageError(extra_message("anyio-genout serve", "server"))
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
+    if args.api_key == "":
+        raise UsageError("--api-key must not be empty")
     for option in ("max_body_size", "max_n", "max_concurrent_requests", "read_timeout",
                    "workers"):
         value = getattr(args, option)
@@ -102,6 +111,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     check_serve_args(args)
+    if args.api_key is None:  # as vLLM: --api-key first, else a non-empty VLLM_API_KEY
+        args.api_key = os.environ.get("VLLM_API_KEY") or None
     tokenizer = load_tokenizer(args, required=True)
     assert tokenizer is not None
     if args.workers > 1:

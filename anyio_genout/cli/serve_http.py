@@ -107,7 +107,8 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
             app = create_app(text_client, model_name=served_model_name(args),
-                             api_key=args.api_key, max_n=args.max_n,
+                             api_key=args.api_key, api_key_scope=args.api_key_scope,
+                             max_n=args.max_n,
                              max_body_size=args.max_body_size,
                              max_concurrent_requests=args.max_concurrent_requests,
                              body_timeout=args.body_timeout)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
@@ -16,6 +15,7 @@ from ..engine.registry import why_down
 from ..errors import EngineDeadError, GenoutError
 from ..text.client import TextClient
 from . import requests
+from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
 from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -31,14 +31,17 @@ BODY_TIMEOUT = 30.0
 
 
 def create_app(text_client: TextClient, *, model_name: str, api_key: str | None = None,
+               api_key_scope: ApiKeyScope = "v1",
                max_n: int = MAX_N, max_body_size: int = MAX_BODY_SIZE,
                max_concurrent_requests: int | None = None,
                body_timeout: float | None = BODY_TIMEOUT) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
-    one is 404). With ``api_key``, every route but ``/health`` needs
-    ``Authorization: Bearer <api_key>`` (401 otherwise; compared in constant time).
+    one is 404). With ``api_key``, the routes of ``api_key_scope`` need
+    ``Authorization: Bearer <api_key>``, checked before any of the body is read (401
+    otherwise; compared in constant time): ``"v1"`` (vLLM's) the ``/v1`` routes,
+    ``"all"`` every route but ``/health``, ``/ping`` and ``/version``.
     Limits: ``n`` at most ``max_n`` (400), a request body at most ``max_body_size`` bytes
     (413), ``max_tokens`` at most the engines' ``max_model_len`` (400), and with
     ``max_concurrent_requests`` at most that many completions and chat completions at once
@@ -47,14 +50,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     See docs/server.md.
     """
 
-    expected = f"Bearer {api_key}".encode() if api_key is not None else None
-
-    async def authorized(request: Request) -> None:
-        if expected is None:
-            return
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise ApiError(401, "invalid API key")
+    check_api_key(api_key, api_key_scope)
 
     def check_model(model: str | None) -> None:
         if model is not None and model != model_name:
@@ -71,7 +67,10 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                        max_concurrent_requests=max_concurrent_requests,
                        body_timeout=body_timeout,
                        limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
-    api = APIRouter(dependencies=[Depends(authorized)])
+    if api_key is not None:  # outermost: the key is checked before Limits reads a body
+        app.add_middleware(Authentication, api_key=api_key, api_key_scope=api_key_scope,
+                           body_timeout=body_timeout)
+    api = APIRouter()
 
     @app.get("/health")
     async def health() -> Response:

@@ -3,13 +3,90 @@ generations served at once (429), answering in OpenAI's error shape."""
 
 from __future__ import annotations
 
+import math
+import sys
+from collections.abc import Callable
+
 import anyio
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import error_response
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "drain", "draining_send", "tolerant_send"]
+
+
+def tolerant_send(send: Send) -> Send:
+    """``send``, except that on trio a message that collides with Hypercorn closing the
+    connection is dropped, and so is every later one (the client is gone).
+
+    Hypercorn 0.18's trio worker shuts a connection's sending side down (``send_eof``)
+    without its send lock when the client hangs up in the middle of a request body, and a
+    response being sent meanwhile then fails with ``trio.BusyResourceError`` ("another
+    task is currently sending data on this SocketStream"), which it logs with a traceback
+    as "Error in ASGI Framework". Any response sent before the whole body arrived (401,
+    413, 408, 429, ...) to a client that hangs up then can hit it. On asyncio (no such
+    race) ``send`` itself is returned. Raises what ``send`` raises, but that error.
+    """
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return send
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:  # not running on trio
+        return send
+    busy: type[Exception] = trio.BusyResourceError
+    gone = False
+
+    async def guarded(message: Message) -> None:
+        nonlocal gone
+        if gone:
+            return
+        try:
+            await send(message)
+        except busy:
+            gone = True
+
+    return guarded
+
+
+async def drain(receive: Receive, deadline: float | None) -> None:
+    """Read and drop what is left of a request's body: until its end, the client's
+    disconnect, or ``deadline`` (anyio's clock; None: no deadline). Raises nothing."""
+    with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+
+def draining_send(send: Send, receive: Receive, deadline: float | None,
+                  body_done: Callable[[], bool]) -> Send:
+    """``send``, except that the last message of a response sent while ``body_done()`` is
+    false (an answer before the whole body was read: 401, 413, 429, 404, ...) is sent
+    while another task drains the body (:func:`drain`, until ``deadline``).
+
+    Hypercorn's reader stops while its queue of 10 body messages is full, and the last
+    message of a response queues ``http.disconnect`` there before the connection can be
+    closed: a client with more than 10 chunks on their way would otherwise hold the
+    connection, and the request's task inside that ``send``, for ever. Raises what
+    ``send`` raises.
+    """
+    async def wrapped(message: Message) -> None:
+        if (message["type"] != "http.response.body" or message.get("more_body", False)
+                or body_done()):
+            await send(message)
+            return
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drain, receive, deadline)
+                await send(message)
+        except BaseExceptionGroup as group:  # only send's own error: no group leaks
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    return wrapped
 
 
 class Limits:
@@ -23,6 +100,8 @@ class Limits:
     admission control); it counts until its response (a whole stream) has ended. With
     ``body_timeout``, a body not received whole within that many seconds of the request's
     start fails the read with a 408 (a slowly trickled body; Hypercorn bounds the head).
+    An answer sent before the whole body was read drains the rest of it (until the same
+    deadline; :func:`draining_send`), and every send is a :func:`tolerant_send`.
     """
 
     def __init__(self, app: ASGIApp, *, max_body_size: int,
@@ -40,6 +119,11 @@ class Limits:
             await self._app(scope, receive, send)
             return
         limit = self._max_body
+        deadline = (None if self._body_timeout is None
+                    else anyio.current_time() + self._body_timeout)
+        received = 0
+        body_done = False
+        send = draining_send(tolerant_send(send), receive, deadline, lambda: body_done)
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -49,10 +133,6 @@ class Limits:
                 if length > limit:
                     await self._too_large()(scope, receive, send)
                     return
-        received = 0
-        body_done = False
-        deadline = (None if self._body_timeout is None
-                    else anyio.current_time() + self._body_timeout)
 
         async def bounded_receive() -> Message:
             nonlocal received, body_done
@@ -66,6 +146,7 @@ class Limits:
                     raise HTTPException(408, f"the request body did not arrive within "
                                         f"{self._body_timeout} s")
                 message = got
+            if not body_done:
                 body_done = message["type"] != "http.request" or not message.get(
                     "more_body", False)
             if message["type"] == "http.request":
@@ -74,19 +155,19 @@ class Limits:
                     raise HTTPException(413, self._message())
             return message
 
-        if self._max_running is None or scope["path"] not in self._paths:
+        if self._max_running is not None and scope["path"] in self._paths:
+            if self._running >= self._max_running:
+                await error_response(
+                    429, f"too many concurrent requests (at most {self._max_running}); "
+                    "retry later")(scope, receive, send)
+                return
+            self._running += 1
+            try:
+                await self._app(scope, bounded_receive, send)
+            finally:
+                self._running -= 1
+        else:
             await self._app(scope, bounded_receive, send)
-            return
-        if self._running >= self._max_running:
-            await error_response(
-                429, f"too many concurrent requests (at most {self._max_running}); retry "
-                "later")(scope, receive, send)
-            return
-        self._running += 1
-        try:
-            await self._app(scope, bounded_receive, send)
-        finally:
-            self._running -= 1
 
     def _message(self) -> str:
         return f"the request body is larger than the limit of {self._max_body} bytes"
