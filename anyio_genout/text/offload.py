@@ -33,9 +33,10 @@ __all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_THREADS", "Offload",
 ENCODE_INLINE_CHARS: Final = 256
 #: Worker threads encoding at once (the encoding releases the GIL: they run in parallel).
 ENCODE_THREADS: Final = 4
-#: Worker threads rendering chat templates at once (Python code: they share the GIL with
-#: the event loop, so few of them keep the loop's turn at the GIL short).
-RENDER_THREADS: Final = 2
+#: Worker threads rendering chat templates at once. Rendering is Python code holding the
+#: GIL: a second thread would add no throughput, only another contender the event loop
+#: waits behind for the GIL.
+RENDER_THREADS: Final = 1
 
 
 def max_prompt_chars(max_model_len: int, max_chars_per_token: int) -> int:

@@ -53,8 +53,10 @@ async def test_entering_encodes_a_long_prompt_in_a_worker_thread() -> None:
                 took = time.perf_counter() - start
                 out = await stream.collect_text()
         assert list(out.prompt_token_ids or ()) == expected
-        # Encoding took about a second; the other task never waited that long.
-        assert worst[0] < 0.3, f"another task waited {worst[0]:.2f} s (encoding {took:.2f} s)"
+        # Encoding took about a second or more (more on a loaded machine); the other task
+        # never waited anywhere near that long (on the event loop it waited all of it).
+        assert worst[0] < max(0.3, took / 2), \
+            f"another task waited {worst[0]:.2f} s (entering took {took:.2f} s)"
         text, ids = await setup.text.encode(request)
         assert (text, ids) == (HUGE, expected)
 
