@@ -97,6 +97,10 @@ async def test_the_default_scope_is_vllms_v1_routes() -> None:
         detokenize = await http.post("/detokenize", json={"tokens": [1, 2]})
         unknown = await http.get("/no/such/route")
         preflight = await http.options("/v1/models")  # CORS preflights carry no key
+        websocket = await _raw(s.base_url, b"GET /v1/models HTTP/1.1\r\nhost: x\r\n"
+                               b"upgrade: websocket\r\nconnection: upgrade\r\n"
+                               b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                               b"sec-websocket-version: 13\r\n")
         models_ok = await http.get("/v1/models", headers=GOOD)
     _is_401(models)
     _is_401(other_v1)
@@ -106,6 +110,7 @@ async def test_the_default_scope_is_vllms_v1_routes() -> None:
     assert detokenize.status_code == 200
     assert unknown.status_code == 404
     assert preflight.status_code == 405
+    assert websocket.startswith(b"HTTP/1.1 401"), websocket[:200]
     assert models_ok.json()["data"][0]["id"] == MODEL
 
 
