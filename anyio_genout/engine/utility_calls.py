@@ -38,8 +38,8 @@ def copy_error(error: BaseException) -> BaseException:
 class PendingCalls:
     """Each engine's pending replies, by call id; the client's own probes kept apart."""
 
-    __slots__ = ("_check_healthy", "_client_index", "_down_error", "_ids", "_internal",
-                 "_send", "_waiters")
+    __slots__ = ("_abandoned", "_check_healthy", "_client_index", "_down_error", "_ids",
+                 "_internal", "_send", "_waiters")
 
     def __init__(self, client_index: int, send: Callable[[int, list[bytes]], None],
                  check_healthy: Callable[[], None],
@@ -55,6 +55,9 @@ class PendingCalls:
         self._ids = itertools.count(1)
         self._waiters: dict[int, UtilityWaiter] = {}
         self._internal: set[int] = set()  # call ids of the client's own probes
+        # Probes of the client's own left before their answer (call id -> engine): a late
+        # answer is expected, and dropped without a warning.
+        self._abandoned: dict[int, int] = {}
 
     def __len__(self) -> int:
         """Replies still awaited (the client's own probes included)."""
@@ -98,8 +101,11 @@ class PendingCalls:
                     await waiter.done.wait()
         finally:
             for call_id in waiters:
-                self._waiters.pop(call_id, None)
-                self._internal.discard(call_id)
+                left = self._waiters.pop(call_id, None)
+                if call_id in self._internal:
+                    self._internal.discard(call_id)
+                    if left is not None:
+                        self._abandoned[call_id] = left.engine
         results = []
         answers: dict[int, Any] = {}
         failures: dict[int, str] = {}
@@ -146,7 +152,9 @@ class PendingCalls:
         """Hand an engine's reply to the call waiting for it (an unexpected one is logged)."""
         waiter = self._waiters.pop(output.call_id, None)
         if waiter is None:
-            logger.warning("dropping a reply to unexpected utility call %d", output.call_id)
+            if self._abandoned.pop(output.call_id, None) is None:
+                logger.warning("dropping a reply to unexpected utility call %d",
+                               output.call_id)
             return
         waiter.failure = output.failure_message
         waiter.result = output.result
@@ -161,6 +169,8 @@ class PendingCalls:
                 waiter.done.set()
                 del self._waiters[call_id]
                 self._internal.discard(call_id)
+        for call_id in [c for c, engine in self._abandoned.items() if engine == rank]:
+            del self._abandoned[call_id]
 
     def fail(self, error: BaseException) -> None:
         """Every waiting call fails with ``error``."""
@@ -168,3 +178,4 @@ class PendingCalls:
             waiter.error = error
             waiter.done.set()
         self._waiters.clear()
+        self._abandoned.clear()
