@@ -152,6 +152,19 @@ def bench_server(session: nox.Session) -> None:
                 external=True)
 
 
+@nox.session(name="bench-attack")
+def bench_attack(session: nox.Session) -> None:
+    """``benchmarks/bench_attack.py``: ``/health`` latency and the other streams' gaps of
+    ``anyio-genout serve`` (embedded mock) while 10 clients each send a ~1 MiB prompt, or a
+    runaway request chat template (with and without ``--trust-request-chat-template``), in
+    a loop (about 2 minutes). Appends a table to bench-results/attack.md; arguments after
+    ``--`` go to the script (``-- --pythonpath /tmp/base --old --label before`` measures
+    another tree's server, e.g. a ``git worktree`` of an older commit).
+    """
+    session.install("-e", ".[server,test]")
+    session.run("python", "benchmarks/bench_attack.py", *session.posargs)
+
+
 # ------------------------------------------------------------------------------------------
 # soak: tools/soak.py, a bounded soak against in-process mock engines with random faults and
 # random cancellations; fails on any leak or mismatch. See docs/reliability.md.

@@ -93,6 +93,7 @@ async def _measure(url: str, attack: list[str] | None, seconds: float) -> dict[s
     health: list[float] = []
     gaps: list[float] = []
     pending: dict[int, float] = {}
+    waiting: dict[int, float] = {}  # stream -> when its last event came
     stop = anyio.Event()
 
     async def poll(http: httpx.AsyncClient) -> None:
@@ -106,25 +107,26 @@ async def _measure(url: str, attack: list[str] | None, seconds: float) -> dict[s
             health.append(time.perf_counter() - start)
             await anyio.sleep(0.02)
 
-    async def stream(http: httpx.AsyncClient) -> None:
+    async def stream(index: int, http: httpx.AsyncClient) -> None:
         body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200,
                 "stream": True}
         while not stop.is_set():
             async with http.stream("POST", "/v1/completions", json=body) as answer:
-                last = None
+                waiting.pop(index, None)
                 async for line in answer.aiter_lines():
                     if line.startswith("data: "):
                         now = time.perf_counter()
-                        if last is not None:
-                            gaps.append(now - last)
-                        last = now
+                        if index in waiting:
+                            gaps.append(now - waiting[index])
+                        waiting[index] = now
+                waiting.pop(index, None)
 
     result: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=url, timeout=300) as http, \
             anyio.create_task_group() as tg:
         tg.start_soon(poll, http)
-        for _ in range(4):
-            tg.start_soon(stream, http)
+        for index in range(4):
+            tg.start_soon(stream, index, http)
         await anyio.sleep(1.0)
         if attack is not None:
             attacker = await anyio.run_process(attack, check=False)
@@ -133,8 +135,10 @@ async def _measure(url: str, attack: list[str] | None, seconds: float) -> dict[s
         else:
             await anyio.sleep(seconds)
         stop.set()
+        now = time.perf_counter()
         for started in pending.values():  # a /health still unanswered counts as waited
-            health.append(time.perf_counter() - started)
+            health.append(now - started)
+        gaps.extend(now - last for last in waiting.values())  # so does a stream's wait
         tg.cancel_scope.cancel()
     result["health"] = _quantiles(health)
     result["gap"] = _quantiles(gaps)

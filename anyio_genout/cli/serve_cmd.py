@@ -81,6 +81,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                 "the dead engines (0: exit at once, as vLLM does; default: "
                                 "--ready-timeout with --handshake-address, whose engines "
                                 "something else restarts, else 0)")
+    limits.add_argument("--trust-request-chat-template", action="store_true",
+                        help="render a chat template a request brings (chat_template, or "
+                             "chat_template_kwargs.chat_template), as vLLM's flag; without "
+                             "it such a request is 400 (a template is a program: "
+                             "CVE-2025-61620)")
     add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)

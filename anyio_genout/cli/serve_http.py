@@ -111,7 +111,8 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              max_n=args.max_n,
                              max_body_size=args.max_body_size,
                              max_concurrent_requests=args.max_concurrent_requests,
-                             body_timeout=args.body_timeout)
+                             body_timeout=args.body_timeout,
+                             trust_request_chat_template=args.trust_request_chat_template)
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if announce is not None:
                 print(f"serving {served_model_name(args)!r} on {announce}", file=sys.stderr,

@@ -14,6 +14,7 @@ from starlette.responses import Response
 from ..engine.registry import why_down
 from ..errors import EngineDeadError, GenoutError
 from ..text.client import TextClient
+from ..text.request import TextRequest
 from . import requests
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
@@ -34,7 +35,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                api_key_scope: ApiKeyScope = "v1",
                max_n: int = MAX_N, max_body_size: int = MAX_BODY_SIZE,
                max_concurrent_requests: int | None = None,
-               body_timeout: float | None = BODY_TIMEOUT) -> FastAPI:
+               body_timeout: float | None = BODY_TIMEOUT,
+               trust_request_chat_template: bool = False) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -45,7 +47,11 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     Limits: ``n`` at most ``max_n`` (400), a request body at most ``max_body_size`` bytes
     (413), ``max_tokens`` at most the engines' ``max_model_len`` (400), and with
     ``max_concurrent_requests`` at most that many completions and chat completions at once
-    (429 beyond), and a body must arrive whole within ``body_timeout`` seconds (408).
+    (429 beyond), and a body must arrive whole within ``body_timeout`` seconds (408). A
+    request's own chat template (``chat_template``, or in ``chat_template_kwargs``) is a 400
+    naming it unless ``trust_request_chat_template`` (vLLM's
+    ``--trust-request-chat-template``; CVE-2025-61620). Templates render, and long prompts
+    encode, in worker threads, a prompt that cannot fit the context being refused first.
     Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
     See docs/server.md.
     """
@@ -112,7 +118,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
         plan = requests.chat_choices(body, max_n=max_n,
-                                     max_model_len=client.engine.max_model_len)
+                                     max_model_len=client.engine.max_model_len,
+                                     trust_request_chat_template=trust_request_chat_template)
         return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
                             stream=body.stream, include_usage=_usage(body))
 
@@ -124,14 +131,16 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                            "messages", "prompt")
         check_unicode(body.prompt, "prompt")
         check_unicode(body.messages, "messages")
-        try:
-            if body.messages is not None:
-                text = tokenizer.apply_chat_template(
-                    body.messages, add_generation_prompt=body.add_generation_prompt)
-                ids = tokenizer.encode(text, add_special_tokens=False)
-            else:
-                assert body.prompt is not None
-                ids = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        kwargs = requests.template_kwargs(body.chat_template, body.chat_template_kwargs,
+                                          trusted=trust_request_chat_template)
+        if body.messages is not None:
+            request = TextRequest(messages=body.messages, chat_template_kwargs=kwargs,
+                                  add_generation_prompt=body.add_generation_prompt)
+        else:
+            request = TextRequest(prompt=body.prompt,
+                                  add_special_tokens=body.add_special_tokens)
+        try:  # rendered and encoded off the event loop; too long for the context: refused
+            _, ids = await text_client.encode(request)
         except GenoutError as exc:
             raise error_for(exc) from None
         result: dict[str, Any] = {"count": len(ids), "max_model_len":

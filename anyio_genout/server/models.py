@@ -87,6 +87,8 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    #: vLLM's request template: refused unless the server trusts request templates.
+    chat_template: str | None = None
 
 
 class TokenizeRequest(_Body):
@@ -98,6 +100,8 @@ class TokenizeRequest(_Body):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
 
 
 class DetokenizeRequest(_Body):

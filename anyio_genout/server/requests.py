@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
@@ -20,7 +21,7 @@ from .formats import ChatFormat, CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
-           "check_unicode", "choices", "completion_choices"]
+           "check_unicode", "choices", "completion_choices", "template_kwargs"]
 
 #: The sampling fields passed on as they are when the request sets them.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -43,6 +44,27 @@ def check_unicode(value: object, field: str) -> None:
         for key, item in value.items():
             check_unicode(key, field)
             check_unicode(item, f"{field}.{key}")
+
+
+def template_kwargs(chat_template: str | None, kwargs: dict[str, Any] | None, *,
+                    trusted: bool) -> dict[str, Any] | None:
+    """The chat template variables of a body: ``chat_template_kwargs`` with a top-level
+    ``chat_template`` put in (it wins, as in vLLM). A request's own template is a program
+    the server would run (CVE-2025-61620): refused unless ``trusted``
+    (``--trust-request-chat-template``). Raises ApiError (400) naming ``chat_template`` or
+    ``chat_template_kwargs.chat_template``."""
+    check_unicode(chat_template, "chat_template")
+    check_unicode(kwargs, "chat_template_kwargs")
+    given = [name for name, value in (("chat_template", chat_template), (
+        "chat_template_kwargs.chat_template", (kwargs or {}).get("chat_template")))
+        if value is not None]
+    if given and not trusted:
+        raise ApiError(400, f"invalid request: {given[0]}: Chat template is passed with "
+                       "request, but --trust-request-chat-template is not set. Refused "
+                       "request with untrusted chat template.", given[0])
+    if chat_template is None:
+        return kwargs
+    return {**(kwargs or {}), "chat_template": chat_template}
 
 
 def _structured(body: CompletionRequest | ChatCompletionRequest
@@ -215,26 +237,30 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
     return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo)
 
 
-def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None
-                 ) -> Choices:
+def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None,
+                 trust_request_chat_template: bool = False) -> Choices:
     """The child requests of a ``/v1/chat/completions`` body (see :class:`Choices`): ``n``
     at most ``max_n``, ``max_completion_tokens`` and ``max_tokens`` at most
-    ``max_model_len`` (None: not checked here). Raises ApiError (400) naming the field."""
+    ``max_model_len`` (None: not checked here), a request's own chat template only if
+    ``trust_request_chat_template``. Raises ApiError (400) naming the field."""
     check_n(body.n, max_n)
     if max_model_len is not None:
         check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
         check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
-    request = chat_request(body)
+    request = chat_request(body, trust_request_chat_template=trust_request_chat_template)
     return Choices(request.request_id, choices(request, body.n), body.n,
                    request.sampling_params.logprobs, chat=True)
 
 
-def chat_request(body: ChatCompletionRequest) -> TextRequest:
+def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bool = False
+                 ) -> TextRequest:
     """The request of a ``/v1/chat/completions`` body (its ``sampling_params.logprobs`` is
-    how many alternatives to show, None without ``logprobs``). Raises ApiError (400) naming
-    the field."""
+    how many alternatives to show, None without ``logprobs``); a template of the request's
+    own (``chat_template``, or in ``chat_template_kwargs``) only if
+    ``trust_request_chat_template``. Raises ApiError (400) naming the field."""
     check_unicode(body.messages, "messages")
-    check_unicode(body.chat_template_kwargs, "chat_template_kwargs")
+    kwargs = template_kwargs(body.chat_template, body.chat_template_kwargs,
+                             trusted=trust_request_chat_template)
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
@@ -245,5 +271,4 @@ def chat_request(body: ChatCompletionRequest) -> TextRequest:
         stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens,
-        add_generation_prompt=body.add_generation_prompt,
-        chat_template_kwargs=body.chat_template_kwargs)
+        add_generation_prompt=body.add_generation_prompt, chat_template_kwargs=kwargs)
