@@ -21,10 +21,10 @@ from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
 from ..text.tokenizer import Tokenizer
 from ..transport import free_tcp_port
-from .text_model import mock_corpus
+from .text_model import MockModel, mock_model
 
-__all__ = ["ClientSession", "EngineSession", "Interrupt", "WorkerSockets", "free_tcp_port",
-           "interruptible"]
+__all__ = ["ClientSession", "EngineSession", "Interrupt", "WorkerSockets", "engines_hint",
+           "free_tcp_port", "interruptible"]
 
 #: The embedded mock engine's vocabulary size (its config's default).
 _MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default)
@@ -53,6 +53,28 @@ def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | N
             model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid engine options: {exc}") from None
+
+
+def engines_hint(handshake: str, engine_count: int) -> str:
+    """What the command line waits for on ``handshake``, and how to start the engines.
+
+    vLLM's engines build their handshake address as ``tcp://HOST:PORT`` from
+    ``--data-parallel-address`` and ``--data-parallel-rpc-port``: for any other address the
+    hint says so (engines that take a ZeroMQ address, such as the mock, dial it).
+    """
+    head = f"waiting for {engine_count} engine(s) on {handshake}"
+    scheme, _, rest = handshake.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not port.isdigit():
+        return (f"{head}; vLLM engines dial only a tcp:// handshake address "
+                f"(--data-parallel-address HOST --data-parallel-rpc-port PORT), so give "
+                f"--handshake-address tcp://HOST:PORT for them; engines that take any "
+                f"ZeroMQ address dial this one, e.g.:\n"
+                f"  anyio-genout mock-engine --handshake-address {handshake} --rank 0")
+    return (f"{head}; start them with:\n"
+            f"  vllm serve <model> --headless --data-parallel-address {host.strip('[]')} "
+            f"--data-parallel-rpc-port {port} --data-parallel-size {engine_count} "
+            f"--skip-tokenizer-init")
 
 
 class Interrupt:
@@ -134,9 +156,10 @@ class ClientSession:
       makes the client unhealthy at once (also during start-up).
 
     With a ``tokenizer`` (text), the client refuses ids outside its vocabulary (unless
-    ``--vocab-size`` says otherwise), and the embedded mock engines continue the shipped
-    corpus encoded with it (corpus mode), with its EOS token, in a vocabulary of at least
-    the mock's default.
+    ``--vocab-size`` says otherwise), and the embedded mock engines pass for its model
+    (:func:`~.text_model.mock_model`): its vocabulary, its EOS token, the shipped corpus
+    encoded with it (corpus mode, each stream from a sentence's start), logprob
+    alternatives with distinct readable strings.
 
     For ``serve --workers``: with ``worker``, a client that starts no engine but adopts the
     sockets its supervisor bound and waits for the engines to register there (the
@@ -157,7 +180,10 @@ class ClientSession:
         self.mock_engines: list[MockEngine] = []
         #: The ``--vllm-model`` child processes once started (``start_engines``).
         self.managed_engines: Any = None
-        self._corpus: tuple[int, ...] | None = None
+        self._model: MockModel | None = None
+        #: Say how to start remote engines in :meth:`_start` (the supervisor's half, which
+        #: binds later); a client says it once its handshake address is bound.
+        self._hint_now = False
 
     def _say(self, text: str) -> None:
         if not self._quiet:
@@ -184,6 +210,8 @@ class ClientSession:
                 Client.connect(attrs.evolve(config, engine=engine)))
         await self._start(args, config)
         if self.managed_engines is None:
+            if args.handshake_address is not None:
+                return await self._connect_remote(config)
             client = await self._stack.enter_async_context(Client.connect(config))
             if self.mock_engines:
                 client.engine.add_death_explainer(self._explain_mock_death)
@@ -207,22 +235,23 @@ class ClientSession:
             handshake = f"tcp://{args.advertised_host}:{free_tcp_port(args.advertised_host)}"
         vocab_size, eos = args.vocab_size, args.eos_token_id
         tokenizer = self._tokenizer
-        corpus = None
+        model = None
         if args.vllm_model:
             from ..vllm import read_model_eos_token_id, read_model_vocab_size
 
             vocab_size = vocab_size or read_model_vocab_size(args.vllm_model)
             eos = eos if eos is not None else read_model_eos_token_id(args.vllm_model)
         elif args.handshake_address is None:
-            # The embedded mock's vocabulary: the client refuses what would kill it.
-            vocab_size = vocab_size or max(_MOCK_VOCAB_SIZE, tokenizer.vocab_size
-                                           if tokenizer is not None else 0)
+            # The embedded mock's vocabulary (the tokenizer's, so every id it generates
+            # decodes): the client refuses what would kill it.
             if tokenizer is not None:
-                corpus = mock_corpus(tokenizer)
-                eos = eos if eos is not None else tokenizer.eos_token_id
+                model = mock_model(tokenizer)
+                eos = eos if eos is not None else model.eos_token_id
+            vocab_size = vocab_size or (model.vocab_size if model is not None
+                                        else _MOCK_VOCAB_SIZE)
         elif tokenizer is not None:
             vocab_size = vocab_size or tokenizer.vocab_size
-        self._corpus = corpus
+        self._model = model
         # The whole configuration is checked before anything is bound, started or printed.
         return _client_config(args, handshake, vocab_size, eos, self._last_engine_death)
 
@@ -230,7 +259,7 @@ class ClientSession:
         """Start the embedded mock engines or the managed vLLM engines, or say how to start
         remote ones; they dial ``config``'s handshake address."""
         handshake = config.engine.handshake_address
-        vocab_size, eos, corpus = config.vocab_size, config.eos_token_id, self._corpus
+        vocab_size, eos, model = config.vocab_size, config.eos_token_id, self._model
         if args.vllm_model:
             from ..vllm import spawn_vllm_engines
 
@@ -241,19 +270,18 @@ class ClientSession:
                                    command=command))
             self._say(f"started vLLM engine process(es) {engines.pids}; waiting for READY...")
         elif args.handshake_address is not None:
-            host, _, port = handshake.rpartition(":")
-            self._say(
-                f"waiting for {args.engine_count} engine(s) on {handshake}; start them with:\n"
-                f"  vllm serve <model> --headless --data-parallel-address "
-                f"{host.removeprefix('tcp://').strip('[]')} --data-parallel-rpc-port {port} "
-                f"--data-parallel-size {args.engine_count} --skip-tokenizer-init")
+            if self._hint_now:
+                self._say(engines_hint(handshake, args.engine_count))
         else:
+            fields = model.config_fields() if model is not None else {}
+            fields.update(vocab_size=vocab_size or _MOCK_VOCAB_SIZE, eos_token_id=eos)
+            if model is not None and fields["vocab_size"] != model.vocab_size:
+                # --vocab-size differs from the tokenizer's: its alternatives may not fit.
+                fields.pop("alternative_token_ids")
             try:
                 mocks = [MockEngineConfig(
                     rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
-                    vocab_size=vocab_size or _MOCK_VOCAB_SIZE, eos_token_id=eos,
-                    keep_history=False, linger=0.0,
-                    corpus_token_ids=corpus)
+                    keep_history=False, linger=0.0, **fields)
                     for rank in range(args.mock_engines)]
             except ValueError as exc:
                 raise UsageError(f"invalid mock engine options: {exc}") from None
@@ -263,6 +291,29 @@ class ClientSession:
                 engine = MockEngine(mock)
                 self.mock_engines.append(engine)
                 tg.start_soon(engine.serve)
+
+    async def _connect_remote(self, config: ClientConfig) -> Client:
+        """Connect to remote engines, saying how to start them once the handshake address
+        is bound (not before a bind that fails)."""
+        failed = False
+
+        async def say_once_bound() -> None:
+            # Client.connect binds before its first checkpoint: when this task first runs
+            # after it, the bind is done, or it failed (and ``failed`` is set by then).
+            await anyio.lowlevel.checkpoint()
+            if not failed:
+                self._say(engines_hint(config.engine.handshake_address,
+                                       config.engine.engine_count))
+
+        # Ends by itself: cancelling its task group's scope would cancel everything entered
+        # after it, the caller's code included.
+        hint = await self._stack.enter_async_context(anyio.create_task_group())
+        hint.start_soon(say_once_bound)
+        try:
+            return await self._stack.enter_async_context(Client.connect(config))
+        except BaseException:
+            failed = True
+            raise
 
     def _explain_mock_death(self) -> str | None:
         """Why embedded mock engines sent ENGINE_CORE_DEAD, for the client's error."""
@@ -332,6 +383,7 @@ class EngineSession:
         return self._session.managed_engines
 
     async def __aenter__(self) -> ClientConfig:
+        self._session._hint_now = True
         return await self._session._start_only()
 
     async def __aexit__(self, exc_type: type[BaseException] | None,

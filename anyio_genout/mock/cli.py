@@ -28,6 +28,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 import attrs
@@ -35,7 +36,9 @@ import attrs
 from ..cli.backends import BACKENDS, anyio_run_arguments, require_backend
 from ..cli.engines import interruptible
 from ..cli.helpformat import HelpFormatter
-from ..errors import GenoutError, HandshakeTimeoutError
+from ..cli.text_model import mock_model
+from ..errors import GenoutError, HandshakeTimeoutError, ModelFolderError
+from ..text.tokenizer import Tokenizer
 from .config import MockEngineConfig, MockFaults
 from .engine import MockEngine
 from .waves import WaveGroup
@@ -75,12 +78,19 @@ def build_parser(prog: str = DEFAULT_PROG) -> argparse.ArgumentParser:
                             "and input reads (nothing else runs in this process's loop)")
     model.add_argument("--max-model-len", type=int, default=4096, metavar="N",
                        help="prompt + output tokens at most (finish reason length)")
-    model.add_argument("--vocab-size", type=int, default=32000, metavar="N",
+    model.add_argument("--model", metavar="DIR", default=None,
+                       help="pass for the model of this folder's tokenizer (tokenizer.json, "
+                            "...), as the embedded mock does: ids in its vocabulary, its EOS "
+                            "token, text from the corpus shipped with anyio-genout encoded "
+                            "with it, logprob alternatives with distinct readable strings "
+                            "(default: none, hashed ids in --vocab-size)")
+    model.add_argument("--vocab-size", type=int, default=None, metavar="N",
                        help="generated ids are below N; a prompt id >= N kills the engine, "
-                            "as it kills a real one")
+                            "as it kills a real one (default: the --model tokenizer's size, "
+                            "else 32000)")
     model.add_argument("--eos-token-id", type=int, default=None, metavar="ID",
-                       help="the fake model's end-of-sequence token (default: none, the "
-                            "model never emits one)")
+                       help="the fake model's end-of-sequence token (default: the --model "
+                            "tokenizer's, else none: the model never emits one)")
     model.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                        help="K > 0: each step emits 1 to 1+K tokens per request")
     model.add_argument("--seed", type=int, default=0,
@@ -160,6 +170,29 @@ def _corpus_file(path: str | None) -> list[int] | None:
     return ids
 
 
+def _model_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration fields of ``--model`` (with ``--vocab-size`` / ``--eos-token-id``
+    applied) or of those options alone; raises :class:`ValueError` naming a bad option."""
+    fields: dict[str, Any] = {"vocab_size": 32000, "eos_token_id": None,
+                              "corpus_token_ids": _corpus_file(args.corpus_token_ids)}
+    if args.model is not None:
+        if args.corpus_token_ids is not None:
+            raise ValueError("--model and --corpus-token-ids exclude each other (--model "
+                             "brings its corpus)")
+        try:
+            tokenizer = Tokenizer.from_model_dir(args.model)
+        except ModelFolderError as exc:
+            raise ValueError(f"--model: {exc}") from None
+        fields = mock_model(tokenizer).config_fields()
+        if args.vocab_size is not None and args.vocab_size != fields["vocab_size"]:
+            fields.pop("alternative_token_ids")  # they are the tokenizer's
+    if args.vocab_size is not None:
+        fields["vocab_size"] = args.vocab_size
+    if args.eos_token_id is not None:
+        fields["eos_token_id"] = args.eos_token_id
+    return fields
+
+
 def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
     """The engine configuration; raises :class:`ValueError` naming a bad option."""
     return MockEngineConfig(
@@ -171,11 +204,9 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         step_time=args.step_time,
         steps_per_checkpoint=args.steps_per_checkpoint,
         max_model_len=args.max_model_len,
-        vocab_size=args.vocab_size,
-        eos_token_id=args.eos_token_id,
         num_speculative_tokens=args.num_speculative_tokens,
         seed=args.seed,
-        corpus_token_ids=_corpus_file(args.corpus_token_ids),
+        **_model_fields(args),
         enable_prefix_caching=args.enable_prefix_caching,
         prefix_cache_blocks=args.prefix_cache_blocks,
         prefill_time_per_token=args.prefill_time_per_token,

@@ -68,7 +68,8 @@ def _corpus(value: Iterable[int] | None) -> tuple[int, ...] | None:
     try:
         return tuple(operator.index(t) for t in value)
     except TypeError:
-        raise ValueError("corpus_token_ids must be a sequence of integers") from None
+        raise ValueError("corpus_token_ids, corpus_starts and alternative_token_ids must be "
+                         "sequences of integers") from None
 
 
 def _addresses(value: str | Iterable[str]) -> tuple[str, ...]:
@@ -111,7 +112,17 @@ class MockEngineConfig:
       search costs a hash per candidate length for every greedy request.
     * ``corpus_token_ids``: corpus mode (see :mod:`.tokens`): generated tokens continue this
       token sequence (a text encoded with the tokenizer of the front end) from a place the
-      request's stream key chooses, so a detokenizing front end shows readable text.
+      request's stream key chooses, so a detokenizing front end shows readable text;
+      ``corpus_starts``: the places it may choose (positions in the corpus, e.g. where its
+      sentences begin; default: any).
+    * ``alternative_token_ids``: the top tokens of logprobs are drawn from these distinct
+      ids (e.g. those whose token strings are distinct and readable; default: the whole
+      vocabulary), the sampled token always among them at its rank.
+
+    Structured outputs: the mock has no grammar backend. A request with a
+    ``structured_outputs`` constraint ends at once with finish reason ERROR and no tokens
+    (with an ``error`` object under ``output_fields=19``), as a real engine ends a request it
+    cannot prepare (one started with ``--skip-tokenizer-init``); the engine stays up.
 
     Wire: ``vllm_version`` (reported in the ready response), ``output_fields`` (18 = the
     0.32 ``EngineCoreOutput`` layout, 19 = 0.33), ``log_stats`` (scheduler stats on every
@@ -132,7 +143,9 @@ class MockEngineConfig:
     Raises :class:`ValueError` when built with neither mode's addresses or both, a negative
     value, a count or size below 1, a ``rank`` beyond 2 bytes, ``output_fields`` other than
     18 or 19, an ``eos_token_id`` not below ``vocab_size``, an ``eos_probability``
-    outside [0, 1], or ``corpus_token_ids`` that are empty or not all in ``[0, vocab_size)``.
+    outside [0, 1], ``corpus_token_ids`` that are empty or not all in ``[0, vocab_size)``,
+    ``corpus_starts`` without a corpus, empty or outside it, or ``alternative_token_ids``
+    that are empty, repeated or not all in ``[0, vocab_size)``.
     """
 
     rank: int = attrs.field(default=0, validator=_non_negative)
@@ -160,6 +173,10 @@ class MockEngineConfig:
     greedy_continuations: int = attrs.field(default=0, validator=_non_negative)
     corpus_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_corpus,
                                                            repr=False)
+    corpus_starts: tuple[int, ...] | None = attrs.field(default=None, converter=_corpus,
+                                                        repr=False)
+    alternative_token_ids: tuple[int, ...] | None = attrs.field(default=None,
+                                                                converter=_corpus, repr=False)
     keep_history: bool = True
     handshake_timeout: float = attrs.field(default=300.0, validator=_non_negative)
     until_client_leaves: bool = False
@@ -189,6 +206,17 @@ class MockEngineConfig:
                                    or max(corpus) >= self.vocab_size):
             raise ValueError("corpus_token_ids must be a non-empty sequence of token ids in "
                              f"[0, vocab_size={self.vocab_size})")
+        starts = self.corpus_starts
+        if starts is not None and (corpus is None or not starts or min(starts) < 0
+                                   or max(starts) >= len(corpus)):
+            raise ValueError("corpus_starts must be a non-empty sequence of positions in "
+                             "corpus_token_ids")
+        alternatives = self.alternative_token_ids
+        if alternatives is not None and (
+                not alternatives or len(set(alternatives)) != len(alternatives)
+                or min(alternatives) < 0 or max(alternatives) >= self.vocab_size):
+            raise ValueError("alternative_token_ids must be distinct token ids in "
+                             f"[0, vocab_size={self.vocab_size}), at least one")
 
     @property
     def identity(self) -> bytes:

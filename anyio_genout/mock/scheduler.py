@@ -29,7 +29,11 @@ from .request import Request, set_plain
 from .tokens import GREEDY_TEMPERATURE, greedy_continuation, stream_key
 from .wire import OutputWriter, pack
 
-__all__ = ["Pause", "Scheduler"]
+__all__ = ["STRUCTURED_OUTPUTS_UNSUPPORTED", "Pause", "Scheduler"]
+
+#: Why the mock refuses a request with a ``structured_outputs`` constraint.
+STRUCTURED_OUTPUTS_UNSUPPORTED: Final = (
+    "structured outputs are not supported by the mock engine (it has no grammar backend)")
 
 _ABORT: Final = int(EngineCoreFinishReason.ABORT)
 _ERROR: Final = int(EngineCoreFinishReason.ERROR)
@@ -94,6 +98,15 @@ class Scheduler:
             self._writer.errors.append(f"request {rid!r}: max_tokens is nil")
             self._writer.send_finish_outputs(req.client_index, [(rid, None)], _ERROR)
             return
+        if add.sampling_wire.get("structured_outputs") is not None:
+            # No grammar backend: the request is refused as a real engine refuses one it
+            # cannot prepare (request-scoped ERROR, no tokens; 0.33 says why).
+            self._writer.errors.append(f"request {rid!r}: {STRUCTURED_OUTPUTS_UNSUPPORTED}")
+            self._writer.send_finish_outputs(
+                req.client_index, [(rid, None)], _ERROR,
+                error={"code": "validation_error", "message": STRUCTURED_OUTPUTS_UNSUPPORTED,
+                       "retryable": False})
+            return
         r = self._new_request(add)
         self._requests[rid] = r
         self.waiting.append(r)
@@ -120,7 +133,7 @@ class Scheduler:
                 avoid=all_stop if params.min_tokens else (),
                 allowed=list(params.allowed_token_ids) if params.allowed_token_ids else None,
                 eos_token_id=cfg.eos_token_id, eos_probability=cfg.eos_probability,
-                corpus=cfg.corpus_token_ids)
+                corpus=cfg.corpus_token_ids, starts=cfg.corpus_starts)
             if found is not None:
                 key, offset = found
         checks = stops | {eos} if eos is not None else stops

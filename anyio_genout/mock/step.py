@@ -24,7 +24,13 @@ from ..protocol.logprobs import encode_logprobs
 from .config import MockEngineConfig
 from .request import Request, check_stop, set_plain
 from .scheduler import Pause, Scheduler
-from .tokens import corpus_array, fake_logprobs, fake_prompt_logprobs, generate
+from .tokens import (
+    alternatives_table,
+    corpus_array,
+    fake_logprobs,
+    fake_prompt_logprobs,
+    generate,
+)
 from .wire import OutputWriter, array_header, pack
 
 __all__ = ["Stepper"]
@@ -51,6 +57,9 @@ class Stepper:
         self._tokb = writer.token_bytes
         corpus = config.corpus_token_ids
         self._corpus = None if corpus is None else corpus_array(corpus)
+        alternatives = config.alternative_token_ids
+        self._alternatives = (None if alternatives is None
+                              else alternatives_table(alternatives))
 
     # ------------------------------------------------------------------ the step
 
@@ -177,6 +186,7 @@ class Stepper:
             avoid=r.all_stop if r.min_tokens else (), avoid_before=r.offset + r.min_tokens,
             allowed=r.allowed, eos_token_id=cfg.eos_token_id,
             eos_probability=cfg.eos_probability, corpus=self._corpus,
+            starts=cfg.corpus_starts,
         )
         r.buf_start = start
         r.buf_end = start + len(r.buf)
@@ -191,13 +201,15 @@ class Stepper:
         if r.logprobs is not None:
             frames = aux.setdefault(r.client, [b""])
             lp = fake_logprobs(r.key, toks, r.offset + r.num_out - len(toks), r.logprobs,
-                               cfg.vocab_size, greedy=r.greedy)
+                               cfg.vocab_size, greedy=r.greedy,
+                               alternatives=self._alternatives)
             logprobs = encode_logprobs(lp, frames)
         prompt_logprobs = None
         if r.want_prompt_logprobs:
             r.want_prompt_logprobs = False
             assert r.prompt_logprobs is not None
-            plp = fake_prompt_logprobs(r.prompt, r.prompt_logprobs, cfg.vocab_size)
+            plp = fake_prompt_logprobs(r.prompt, r.prompt_logprobs, cfg.vocab_size,
+                                       alternatives=self._alternatives)
             if plp is not None:
                 frames = aux.setdefault(r.client, [b""])
                 prompt_logprobs = encode_logprobs(plp, frames, prompt=True)

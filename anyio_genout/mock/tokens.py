@@ -10,11 +10,17 @@ mixed with SplitMix64 and reduced modulo the vocabulary:
 
 In *corpus mode* (``corpus``: a sequence of token ids, e.g. a text encoded with a tokenizer)
 the stream is a stretch of the corpus instead: the token at output position ``p`` is
-``corpus[(key mod len(corpus) + p) mod len(corpus)]``, so a greedy request continues the same
-place of the corpus for the same prompt, and the tokens decode to readable text. Everything
+``corpus[(s + p) mod len(corpus)]``, where the start ``s`` is ``key mod len(corpus)``, or with
+``starts`` (positions where the corpus's sentences begin) ``starts[key mod len(starts)]``, so
+a greedy request continues the same place of the corpus for the same prompt, the tokens
+decode to readable text, and with ``starts`` the text begins with a sentence. Everything
 else holds as without a corpus: the three kinds of keys, ``allowed`` (which then wins over
 the corpus), the EOS draws, and the redraws ``min_tokens`` makes (from the corpus, at a
 position drawn from the key).
+
+Logprobs (:func:`fake_logprobs`) show the sampled token and ``k`` distinct top tokens drawn
+from the whole vocabulary, or from ``alternatives`` (ids whose token strings are distinct and
+readable, so a detokenizing front end shows ``k`` different strings).
 
 :func:`greedy_tokens` and :func:`sampled_tokens` predict what the mock will emit (before stop
 conditions and ``min_tokens`` are applied), so tests can choose stop tokens that will occur.
@@ -26,12 +32,15 @@ import hashlib
 from collections.abc import Collection, Sequence
 from typing import Any, Final
 
+import attrs
 import numpy as np
 
 from ..protocol import Logprobs
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "Alternatives",
+    "alternatives_table",
     "corpus_array",
     "fake_logprobs",
     "fake_prompt_logprobs",
@@ -108,7 +117,8 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
              avoid: Collection[int] = (), avoid_before: int = 0,
              allowed: Sequence[int] | None = None, eos_token_id: int | None = None,
              eos_probability: float = 0.0,
-             corpus: Sequence[int] | np.ndarray[Any, Any] | None = None) -> list[int]:
+             corpus: Sequence[int] | np.ndarray[Any, Any] | None = None,
+             starts: Sequence[int] | None = None) -> list[int]:
     """Tokens at output positions ``start .. start+count-1`` of stream ``key``.
 
     ``allowed`` restricts the choice (vLLM's ``allowed_token_ids``). Tokens in ``avoid`` are
@@ -116,7 +126,7 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
     model EOS token, if given, replaces a position's token with probability
     ``eos_probability``. A non-empty ``corpus`` (see the module docstring; an array from
     :func:`corpus_array` saves a conversion per call) is continued instead of drawing tokens
-    from the whole vocabulary.
+    from the whole vocabulary, from one of ``starts`` if given (corpus positions).
     """
     if count <= 0:
         return []
@@ -129,7 +139,8 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
     elif corpus is not None and len(corpus):
         table_c = corpus_array(corpus)  # no copy for an array from corpus_array
         size = np.uint64(len(table_c))
-        tokens = table_c[(np.uint64(key % len(table_c)) + positions % size) % size]
+        first = starts[key % len(starts)] if starts else key % len(table_c)
+        tokens = table_c[(np.uint64(first) + positions % size) % size]
     else:
         tokens = h % np.uint64(vocab_size)
     if eos_token_id is not None and eos_probability > 0.0:
@@ -157,8 +168,8 @@ def greedy_continuation(prompt: Sequence[int], lookback: int, vocab_size: int, *
                         min_tokens: int = 0, avoid: Collection[int] = (),
                         allowed: Sequence[int] | None = None,
                         eos_token_id: int | None = None, eos_probability: float = 0.0,
-                        corpus: Sequence[int] | np.ndarray[Any, Any] | None = None
-                        ) -> tuple[int, int] | None:
+                        corpus: Sequence[int] | np.ndarray[Any, Any] | None = None,
+                        starts: Sequence[int] | None = None) -> tuple[int, int] | None:
     """Whether a greedy ``prompt`` continues an earlier greedy request: ``(key, offset)``.
 
     A real model's greedy continuation of ``prompt + the first k tokens it generated`` is
@@ -185,25 +196,29 @@ def greedy_continuation(prompt: Sequence[int], lookback: int, vocab_size: int, *
                 continue
         tail = generate(key, 0, k, vocab_size, avoid=avoid, avoid_before=k + min_tokens,
                         allowed=allowed, eos_token_id=eos_token_id,
-                        eos_probability=eos_probability, corpus=corpus)
+                        eos_probability=eos_probability, corpus=corpus, starts=starts)
         if tail == list(prompt[m:]):
             return key, k
     return None
 
 
 def greedy_tokens(prompt: Sequence[int], count: int, vocab_size: int = 32000, *,
-                  corpus: Sequence[int] | None = None) -> list[int]:
+                  corpus: Sequence[int] | None = None,
+                  starts: Sequence[int] | None = None) -> list[int]:
     """What the mock generates for a greedy request on ``prompt`` (no stops applied); pass
-    the engine's ``corpus_token_ids`` as ``corpus`` for a mock in corpus mode."""
-    return generate(stream_key(prompt, greedy=True), 0, count, vocab_size, corpus=corpus)
+    the engine's ``corpus_token_ids`` (and ``corpus_starts``) as ``corpus`` (and ``starts``)
+    for a mock in corpus mode."""
+    return generate(stream_key(prompt, greedy=True), 0, count, vocab_size, corpus=corpus,
+                    starts=starts)
 
 
 def sampled_tokens(prompt: Sequence[int], count: int, seed: int,
                    vocab_size: int = 32000, *,
-                   corpus: Sequence[int] | None = None) -> list[int]:
+                   corpus: Sequence[int] | None = None,
+                   starts: Sequence[int] | None = None) -> list[int]:
     """What the mock generates for a seeded sampling request (no stops applied)."""
     return generate(stream_key(prompt, greedy=False, seed=seed), 0, count, vocab_size,
-                    corpus=corpus)
+                    corpus=corpus, starts=starts)
 
 
 def _stride(vocab_size: int) -> int:
@@ -213,19 +228,52 @@ def _stride(vocab_size: int) -> int:
     return 1  # pragma: no cover
 
 
+@attrs.frozen(eq=False)
+class Alternatives:
+    """The token ids top-logprob columns are drawn from (:func:`alternatives_table`)."""
+
+    table: np.ndarray[Any, np.dtype[np.int64]]
+    #: Index of a token id in ``table`` (by id, -1: not in it).
+    where: np.ndarray[Any, np.dtype[np.int64]]
+
+
+def alternatives_table(ids: Sequence[int]) -> Alternatives:
+    """``ids`` (distinct, non-negative) as the table :func:`fake_logprobs` takes."""
+    table = np.asarray(ids, dtype=np.int64)
+    where = np.full(int(table.max()) + 1 if len(table) else 0, -1, dtype=np.int64)
+    where[table] = np.arange(len(table), dtype=np.int64)
+    return Alternatives(table, where)
+
+
 def _candidates(sampled: np.ndarray[Any, Any], ranks: np.ndarray[Any, Any], hashes:
-                np.ndarray[Any, np.dtype[np.uint64]], k: int,
-                vocab_size: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+                np.ndarray[Any, np.dtype[np.uint64]], k: int, vocab_size: int,
+                alternatives: Alternatives | None = None
+                ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Token ids ``[T, k+1]`` and logprobs ``[T, k+1]``: column 0 sampled, then ranks 1..k.
 
-    The top-k columns are distinct tokens; the sampled token sits at column ``rank`` when its
-    rank is at most ``k``. Logprobs strictly decrease with rank.
+    The top-k columns are distinct tokens (of ``alternatives`` if given, but for the sampled
+    one); the sampled token sits at column ``rank`` when its rank is at most ``k``.
+    Logprobs strictly decrease with rank.
     """
     rows = sampled.shape[0]
-    stride = _stride(vocab_size)
     cols = np.arange(1, k + 1, dtype=np.int64)
-    offsets = (cols[None, :] - ranks[:, None]) * stride
-    top = (sampled[:, None].astype(np.int64) + offsets) % vocab_size
+    if alternatives is None:
+        stride = _stride(vocab_size)
+        offsets = (cols[None, :] - ranks[:, None]) * stride
+        top = (sampled[:, None].astype(np.int64) + offsets) % vocab_size
+    else:
+        table, where = alternatives.table, alternatives.where
+        size = len(table)
+        stride = _stride(size)
+        inside = sampled < len(where)
+        found = np.where(inside, where[np.where(inside, sampled, 0)], -1)
+        # A sampled token of the table is found at its rank, the others around it; one
+        # outside it (say EOS) takes the rank's column, the others from a hashed place.
+        anchor = np.where(found >= 0, found, (hashes % np.uint64(size)).astype(np.int64))
+        offsets = (cols[None, :] - ranks[:, None]) * stride
+        top = table[(anchor[:, None] + offsets) % size]
+        own = (found < 0)[:, None] & (cols[None, :] == ranks[:, None])
+        top = np.where(own, sampled[:, None].astype(np.int64), top)
     ids = np.empty((rows, k + 1), dtype=np.int32)
     ids[:, 0] = sampled
     ids[:, 1:] = top
@@ -237,12 +285,13 @@ def _candidates(sampled: np.ndarray[Any, Any], ranks: np.ndarray[Any, Any], hash
 
 
 def fake_logprobs(key: int, tokens: Sequence[int], start: int, k: int, vocab_size: int, *,
-                  greedy: bool) -> Logprobs:
+                  greedy: bool, alternatives: Alternatives | None = None) -> Logprobs:
     """Sample logprobs for ``tokens`` at output positions ``start..``: ``[T, k+1]`` arrays.
 
-    Greedy tokens have rank 1; sampled ones rank 1 to 4 (deterministically).
+    Greedy tokens have rank 1; sampled ones rank 1 to 4 (deterministically). The top
+    tokens come from ``alternatives`` if given (``k`` then at most their number).
     """
-    k = min(k, vocab_size)
+    k = min(k, vocab_size if alternatives is None else len(alternatives.table))
     sampled = np.asarray(tokens, dtype=np.int64)
     positions = np.arange(start, start + len(tokens), dtype=np.uint64)
     hashes = _hashes(key, positions, _TAG_LOGP)
@@ -250,20 +299,22 @@ def fake_logprobs(key: int, tokens: Sequence[int], start: int, k: int, vocab_siz
         ranks = np.ones(len(tokens), dtype=np.int64)
     else:
         ranks = 1 + (_hashes(key, positions, _TAG_RANK) % np.uint64(4)).astype(np.int64)
-    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size)
+    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size, alternatives)
     return Logprobs(ids, lps, ranks)
 
 
-def fake_prompt_logprobs(prompt: Sequence[int], k: int, vocab_size: int) -> Logprobs | None:
-    """Prompt logprobs ``[P-1, k+1]`` (the first prompt token has none); None for P < 2."""
+def fake_prompt_logprobs(prompt: Sequence[int], k: int, vocab_size: int, *,
+                         alternatives: Alternatives | None = None) -> Logprobs | None:
+    """Prompt logprobs ``[P-1, k+1]`` (the first prompt token has none); None for P < 2.
+    The top tokens come from ``alternatives`` if given."""
     if len(prompt) < 2:
         return None
-    k = min(k, vocab_size)
+    k = min(k, vocab_size if alternatives is None else len(alternatives.table))
     key = _digest(b"prompt", _prompt_bytes(prompt))
     sampled = np.asarray(prompt[1:], dtype=np.int64) % vocab_size
     positions = np.arange(1, len(prompt), dtype=np.uint64)
     hashes = _hashes(key, positions, _TAG_LOGP)
     ranks = 1 + (_hashes(key, positions, _TAG_PROMPT) % np.uint64(8)).astype(np.int64)
-    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size)
+    ids, lps = _candidates(sampled, ranks, hashes, k, vocab_size, alternatives)
     ids[:, 0] = np.asarray(prompt[1:], dtype=np.int64)
     return Logprobs(ids, lps, ranks.astype(np.int32))

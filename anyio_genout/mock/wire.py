@@ -144,12 +144,14 @@ class OutputWriter:
         self._send(self._outputs[client], [payload])
 
     def send_finish_outputs(self, client: int, requests: list[tuple[str, dict[str, str] | None]],
-                             reason: int, *, tracked: bool = False) -> None:
-        """Rows with no tokens and ``reason`` plus ``finished_requests`` (no stats)."""
+                             reason: int, *, tracked: bool = False,
+                             error: dict[str, Any] | None = None) -> None:
+        """Rows with no tokens and ``reason`` plus ``finished_requests`` (no stats);
+        ``error`` is each row's error object (vLLM 0.33's 19th field; 0.32 has none)."""
         fields = self.config.output_fields
         rows: list[list[Any]] = [
             [rid, [], None, None, None, reason, None, None, None, None, trace, None, None, 0,
-             None, None, None, None, None][:fields]
+             None, None, None, None, error][:fields]
             for rid, trace in requests
         ]
         message = [self.config.rank, rows, None, time.monotonic(), None,

@@ -9,10 +9,11 @@ from json.encoder import encode_basestring
 from typing import Any, Final
 
 from ..errors import RequestFailedError
-from ..generate import FinishReason
+from ..generate import FinishReason, FinishReasonKind
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 
-__all__ = ["ChatFormat", "CompletionFormat", "Format", "dumps", "sse_event", "usage"]
+__all__ = ["ChatFormat", "CompletionFormat", "Format", "dumps", "engine_error", "sse_event",
+           "usage"]
 
 #: A string no output's text contains (a lone surrogate, which the text layer never makes),
 #: for cutting a rendered chunk around its text.
@@ -34,11 +35,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
             "completion_tokens": completion_tokens, "prompt_tokens_details": None}
 
 
-def _finish(reason: FinishReason | None) -> tuple[str | None, int | str | None]:
-    if reason is None:
-        return None, None
-    stop = reason.stop_reason
-    return reason.kind.value, stop if isinstance(stop, int | str) else None
+def engine_error(constraint: str | None) -> RequestFailedError:
+    """What a request the engine ended with finish reason ``error`` fails with (vLLM's server
+    answers 500 too): for one with a structured-output constraint (``constraint`` names
+    its field), that the engine could not apply it."""
+    if constraint is None:
+        return RequestFailedError("the engine ended the request with an error (finish "
+                                  "reason error)")
+    return RequestFailedError(
+        f"the engine ended the request with an error: it could not apply the structured "
+        f"outputs constraint of {constraint} (an engine without structured outputs support, "
+        f"such as the mock engine or vLLM started with --skip-tokenizer-init, refuses every "
+        f"one; vLLM also refuses a regex or grammar it cannot compile)")
 
 
 class Format:
@@ -52,11 +60,13 @@ class Format:
     object_chunk = ""
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
-                 n: int | None = None) -> None:
+                 n: int | None = None, constraint: str | None = None) -> None:
         self.id = response_id
         self.model = model
         self.top = top
         self.n = n
+        #: The field of the request's structured-output constraint, if it has one.
+        self.constraint = constraint
         self.created = int(time.time())
         self._templates: dict[int, tuple[bytes, bytes]] = {}
 
@@ -66,6 +76,16 @@ class Format:
 
     def first_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
+
+    def _finish(self, reason: FinishReason | None) -> tuple[str | None, int | str | None]:
+        """``finish_reason`` and ``stop_reason`` of a choice; raises RequestFailedError
+        (:func:`engine_error`) for finish reason ``error``: such a response is never 200."""
+        if reason is None:
+            return None, None
+        if reason.kind is FinishReasonKind.ERROR:
+            raise engine_error(self.constraint)
+        stop = reason.stop_reason
+        return reason.kind.value, stop if isinstance(stop, int | str) else None
 
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -146,8 +166,9 @@ class CompletionFormat(Format):
     object_whole = object_chunk = "text_completion"
 
     def __init__(self, response_id: str, model: str, top: int | None, *, echo: bool = False,
-                 n: int = 1, decode: Callable[[Sequence[int]], str] | None = None) -> None:
-        super().__init__(response_id, model, top, n=n)
+                 n: int = 1, decode: Callable[[Sequence[int]], str] | None = None,
+                 constraint: str | None = None) -> None:
+        super().__init__(response_id, model, top, n=n, constraint=constraint)
         self._offsets: dict[int, int] = {}  # by choice index
         self._echo = echo
         self._echoed: set[int] = set()  # the streamed choices whose prompt was sent
@@ -203,7 +224,7 @@ class CompletionFormat(Format):
 
     def _choice(self, text: str, rows: Sequence[_Row] | None,
                 reason: FinishReason | None, index: int) -> dict[str, Any]:
-        finish, stop = _finish(reason)
+        finish, stop = self._finish(reason)
         return {"index": index, "text": text, "logprobs": self._logprobs(rows, index),
                 "finish_reason": finish, "stop_reason": stop}
 
@@ -279,7 +300,7 @@ class ChatFormat(Format):
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
-        finish, stop = _finish(out.finish_reason)
+        finish, stop = self._finish(out.finish_reason)
         choice = {"index": index, "delta": {"content": out.text} if out.text else {},
                   "logprobs": self._logprobs(out.logprobs), "finish_reason": finish}
         if finish is not None:
@@ -287,7 +308,7 @@ class ChatFormat(Format):
         return self.envelope(self.object_chunk, [choice])
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
-        finish, stop = _finish(out.finish_reason)
+        finish, stop = self._finish(out.finish_reason)
         return {"index": index, "message": {"role": "assistant", "content": out.text},
                 "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
                 "stop_reason": stop}

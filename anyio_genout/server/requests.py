@@ -185,13 +185,24 @@ class Choices:
     logprobs: int | None
     echo: bool = False
     chat: bool = False
+    #: The field of the body's structured-output constraint (None: it has none).
+    constraint: str | None = None
 
     def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
         """The response format (``decode`` gives the echoed text of token-id prompts)."""
         if self.chat:
-            return ChatFormat(self.response_id, model, self.logprobs)
+            return ChatFormat(self.response_id, model, self.logprobs,
+                              constraint=self.constraint)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
-                                n=self.n, decode=decode)
+                                n=self.n, decode=decode, constraint=self.constraint)
+
+
+def _constraint(body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """Which field of ``body`` holds its structured-output constraint, if any."""
+    if body.structured_outputs is not None:
+        return "structured_outputs"
+    form = body.response_format
+    return "response_format" if form is not None and form.type != "text" else None
 
 
 def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: int | None,
@@ -234,7 +245,8 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
             spaces_between_special_tokens=body.spaces_between_special_tokens,
             add_special_tokens=body.add_special_tokens if prompt is not None else None)
         requests.extend(choices(request, body.n))
-    return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo)
+    return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo,
+                   constraint=_constraint(body))
 
 
 def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None,
@@ -249,7 +261,7 @@ def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int 
         check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
     request = chat_request(body, trust_request_chat_template=trust_request_chat_template)
     return Choices(request.request_id, choices(request, body.n), body.n,
-                   request.sampling_params.logprobs, chat=True)
+                   request.sampling_params.logprobs, chat=True, constraint=_constraint(body))
 
 
 def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bool = False

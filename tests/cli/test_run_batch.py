@@ -153,7 +153,8 @@ def test_batch_lines_from_stdin(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_structured_outputs_in_batch_lines_reach_the_engine(tmp_path: Path) -> None:
     """``response_format`` and ``structured_outputs`` mean what they mean to the server: the
-    engine gets the constraint (the mock ignores it); a bad one is that line's 400."""
+    engine gets the constraint (the mock refuses it: that line's 500); a bad one is that
+    line's 400."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     lines = [
         batch_line("json-1", "/v1/chat/completions",
@@ -182,8 +183,12 @@ async def test_structured_outputs_in_batch_lines_reach_the_engine(tmp_path: Path
                  for r in engine.received if isinstance(r, AddRequest)}
     assert code == 1, out.err  # the bad line failed
     found = by_custom_id(output)
-    for ok in ("json-1", "schema-1", "regex-1"):
-        assert_envelope(found[ok], 200)
+    for refused, field in (("json-1", "response_format"), ("schema-1", "response_format"),
+                           ("regex-1", "structured_outputs")):
+        # The mock has no grammar backend: it refuses each (a 500 naming the field).
+        assert assert_envelope(found[refused], 500)["body"] is None
+        message = found[refused]["error"]["error"]["message"]
+        assert "structured outputs" in message and field in message, message
     by_kind = {next(k for k in ("json_object", "json", "regex") if wire.get(k) is not None):
                wire for wire in wires.values() if wire is not None}
     assert len(wires) == 3 and len(by_kind) == 3, wires

@@ -42,7 +42,8 @@ def lines_for(count: int, max_tokens: int = 3) -> list[str]:
 
 def test_lines_an_engine_would_refuse_fail_alone_and_later_lines_run(tmp_path: Path) -> None:
     lines = lines_for(8)
-    lines[2] = request_line("oov", [1, 32000], max_tokens=3)  # kills the mock if sent
+    # The embedded mock's vocabulary is the shipped tokenizer's 1024 tokens.
+    lines[2] = request_line("oov", [1, 1024], max_tokens=3)  # kills the mock if sent
     lines[5] = request_line("long", [1, 2, 3], max_tokens=5000)  # beyond its 4096 context
     requests = write_lines(tmp_path / "requests.jsonl", lines)
     results = tmp_path / "results.jsonl"
@@ -59,7 +60,7 @@ def test_lines_an_engine_would_refuse_fail_alone_and_later_lines_run(tmp_path: P
     err = done.stderr.strip().splitlines()
     assert err[0].startswith("anyio-genout: 6/8 done, 2 failed, 0 skipped")
     assert err[1].startswith("anyio-genout: failed: oov: InvalidRequestError: ")
-    assert "prompt_token_ids[1]" in err[1] and "vocab_size=32000" in err[1]
+    assert "prompt_token_ids[1]" in err[1] and "vocab_size=1024" in err[1]
     assert err[2].startswith("anyio-genout: failed: long: InvalidRequestError: ")
     assert "max_tokens: 5000 is too large" in err[2]
     assert "EngineDeadError" not in done.stderr

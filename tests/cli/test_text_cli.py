@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from anyio_genout.cli.text_model import mock_model
 from anyio_genout.mock import tokens
 from anyio_genout.text.bundled import bundled_corpus, bundled_model_dir, bundled_tokenizer
 
@@ -31,10 +32,11 @@ def summary(stderr: str) -> re.Match[str]:
 def predicted_text(prompt_ids: list[int], count: int) -> str:
     """What the CLI's embedded mock generates greedily (its EOS draws included), as text."""
     tok = bundled_tokenizer()
-    corpus = tok.encode(bundled_corpus(), add_special_tokens=False)
-    ids = tokens.generate(tokens.stream_key(prompt_ids, greedy=True), 0, count, 32000,
-                          eos_token_id=tok.eos_token_id, eos_probability=1 / 256,
-                          corpus=corpus)
+    model = mock_model(tok)
+    ids = tokens.generate(tokens.stream_key(prompt_ids, greedy=True), 0, count,
+                          model.vocab_size, eos_token_id=tok.eos_token_id,
+                          eos_probability=1 / 256, corpus=model.corpus,
+                          starts=model.corpus_starts)
     if tok.eos_token_id in ids:
         ids = ids[:ids.index(tok.eos_token_id)]
     return tok.decode(ids)

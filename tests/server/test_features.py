@@ -203,20 +203,28 @@ async def test_requests_beyond_max_concurrent_requests_are_429() -> None:
 
 
 async def test_response_format_and_structured_outputs_reach_the_engine() -> None:
-    # The mock engine ignores constraints: what is tested is the constraint it receives.
+    # The mock engine has no grammar backend: it refuses every constraint (finish reason
+    # error, a 500 naming the field: tests/server/test_mock_model.py); what is tested here
+    # is the constraint it receives.
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     async with served() as s, _async(s) as client:
-        await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
-                                             response_format={"type": "json_object"})
-        await client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=2,
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "a", "schema": schema}})
-        await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2,
-                                        extra_body={"structured_outputs": {"regex": "a+"}})
-        await client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=2,
-            extra_body={"response_format": {"type": "json_object"}})
+        with pytest.raises(openai.InternalServerError, match="response_format"):
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                 max_tokens=2,
+                                                 response_format={"type": "json_object"})
+        with pytest.raises(openai.InternalServerError, match="response_format"):
+            await client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=2,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "a", "schema": schema}})
+        with pytest.raises(openai.InternalServerError, match="structured_outputs"):
+            await client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=2,
+                extra_body={"structured_outputs": {"regex": "a+"}})
+        with pytest.raises(openai.InternalServerError, match="response_format"):
+            await client.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=2,
+                extra_body={"response_format": {"type": "json_object"}})
         await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
                                              response_format={"type": "text"})
         wires = [a.sampling_wire.get("structured_outputs") for a in added(s.setup.engine)]
