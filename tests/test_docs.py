@@ -7,6 +7,9 @@
   Unmarked blocks (fragments, the README's example that needs real engines) must still
   compile.
 * The ``anyio-genout run`` example of the quickstart runs on its JSONL example.
+* Each command of README.md's "Command line" block that runs on the embedded mock runs as
+  written and prints what it says it prints (the ones that wait for remote engines, and
+  the benchmark, are named in ``_NOT_RUN``).
 * Every relative link (and ``#anchor``) in those files points to something that exists.
 * The metrics and errors references name every metric family, bucket constant and error.
 """
@@ -19,6 +22,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -194,6 +198,125 @@ def test_quickstart_batch_example(tmp_path: Path) -> None:
     for line in results:
         assert line["finish_reason"] in {"stop", "length"}, line
         assert line["token_ids"], line
+
+
+def readme_commands() -> list[str]:
+    """The command lines of README.md's "Command line" block, as written (comments too)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in fenced_blocks(section) if b.language == "bash")
+    return [line.strip() for line in block.source.splitlines() if line.strip()]
+
+
+#: README commands that need engines or time the suite does not have, and why.
+_NOT_RUN = {"--handshake-address": "waits for remote engines", "bench": "a benchmark"}
+
+
+def _not_run(argv: list[str]) -> str | None:
+    return next((why for word, why in _NOT_RUN.items() if word in argv), None)
+
+
+def _cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "anyio_genout", *argv[1:]], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+def _free_port() -> str:
+    from anyio_genout.transport import free_tcp_port
+
+    return str(free_tcp_port("127.0.0.1"))
+
+
+def test_readme_commands_are_run_or_named() -> None:
+    """Each README command runs in test_readme_command, or needs what _NOT_RUN says."""
+    commands = readme_commands()
+    assert len(commands) >= 10
+    run = [c for c in commands if _not_run(shlex.split(c, comments=True)) is None]
+    assert any("generate" in c for c in run) and any(" run " in c for c in run)
+    assert any(" serve " in c for c in run)
+
+
+def _check_generate(argv: list[str], done: subprocess.CompletedProcess[str]) -> None:
+    out = done.stdout
+    if "--logprobs" in argv:  # one line per token: id, logprob, rank, alternatives
+        rows = [line.split("\t") for line in out.splitlines()]
+        assert rows and all(len(row) == 4 and len(row[3].split()) == 2 for row in rows), out
+    elif "--prompt-token-ids" in argv:  # token ids in and out
+        ids = out.split()
+        assert len(ids) == int(argv[argv.index("--max-tokens") + 1]), out
+        assert all(i.isdigit() for i in ids), out
+    else:  # text, cut before the stop string if there is one
+        text = out.strip()
+        assert len(text.split()) >= 3 and "\ufffd" not in text, out
+        if "--stop" in argv:
+            assert argv[argv.index("--stop") + 1] not in text, out
+
+
+@pytest.mark.parametrize("command", [c for c in readme_commands()
+                                     if _not_run(shlex.split(c, comments=True)) is None])
+def test_readme_command(command: str, tmp_path: Path) -> None:
+    """Each command of README.md's Command line block that runs on the embedded mock, as
+    written (a free port for a fixed one), prints what it says it prints."""
+    argv = shlex.split(command, comments=True)
+    assert argv[0] == "anyio-genout"
+    for option in ("--port", "--metrics-port"):
+        if option in argv:
+            argv[argv.index(option) + 1] = _free_port()
+    if argv[1] == "generate":
+        done = _cli(argv, tmp_path)
+        assert done.returncode == 0, done.stderr
+        _check_generate(argv, done)
+        assert done.stderr.startswith("finish_reason="), done.stderr  # the summary line
+    elif argv[1] == "run":
+        blocks = fenced_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
+        example = next(b for b in blocks if b.language == "jsonl").source
+        (tmp_path / argv[2]).write_text(example, encoding="utf-8")
+        count = len([line for line in example.splitlines() if line.strip()])
+        output = tmp_path / argv[argv.index("-o") + 1]
+        if "--resume" in argv:  # an interrupted job: the first result only was written
+            first = _cli([*argv[:2], argv[2], "-o", argv[argv.index("-o") + 1]], tmp_path)
+            assert first.returncode == 0, first.stderr
+            kept = output.read_text(encoding="utf-8").splitlines()[:1]
+            output.write_text(kept[0] + "\n", encoding="utf-8")
+        done = _cli(argv, tmp_path)
+        assert done.returncode == 0, done.stderr
+        results = [json.loads(line) for line in output.read_text().splitlines()]
+        assert len(results) == count and all(r["token_ids"] for r in results), results
+        if "--resume" in argv:
+            assert "resuming: 1 finished result(s)" in done.stderr, done.stderr
+    else:
+        assert argv[1] == "serve", command
+        _check_serve(argv, tmp_path)
+
+
+def _check_serve(argv: list[str], cwd: Path) -> None:
+    import httpx
+
+    port = argv[argv.index("--port") + 1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen([sys.executable, "-m", "anyio_genout", *argv[1:]], cwd=cwd,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL)
+    headers = {}
+    if "--api-key" in argv:
+        headers["authorization"] = f"Bearer {argv[argv.index('--api-key') + 1]}"
+    try:
+        from tests.server.support import wait_for_health
+
+        wait_for_health(f"http://127.0.0.1:{port}", child)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", headers=headers,
+                            json={"messages": [{"role": "user", "content": "Hello"}],
+                                  "max_tokens": 16}, timeout=TIMEOUT)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"].strip()
+    finally:
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=TIMEOUT)
+    assert child.returncode == 130, err
 
 
 # ------------------------------------------------------------------------------ links

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Final
 
 import anyio
 
-from ..errors import GenoutError, InvalidRequestError
+from ..errors import InvalidRequestError, UsageError
 from ..generate import GenerateRequest
 from ..text.request import TextRequest, check_text_request
 from .options import sampling_from_mapping
@@ -276,12 +276,17 @@ class LineReader:
 
 
 def open_input(name: str) -> BinaryIO:
+    """The input file ``name`` (``-``: stdin), opened for reading.
+
+    Raises :class:`UsageError` (exit status 2, as any usage error) if it cannot be opened:
+    a missing file is the caller's mistake, found before anything starts.
+    """
     if name == "-":
         return sys.stdin.buffer
     try:
         return open(name, "rb")
     except OSError as exc:
-        raise GenoutError(f"cannot read {name}: {exc.strerror}") from None
+        raise UsageError(f"cannot read the input file {name}: {exc.strerror}") from None
 
 
 def spool(source: BinaryIO) -> BinaryIO:

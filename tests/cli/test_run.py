@@ -98,12 +98,14 @@ def test_strict_refuses_to_start(tmp_path: Path) -> None:
     assert not results.exists() or results.read_text() == ""
 
 
-def test_unreadable_input_is_a_one_line_error(tmp_path: Path) -> None:
+def test_a_missing_input_file_is_a_one_line_usage_error_exit_2(tmp_path: Path) -> None:
+    """The help says usage errors exit 2: a missing input file is one (it exited 1)."""
     done = cli("run", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "out.jsonl"))
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"anyio-genout: error: cannot read {tmp_path / 'missing.jsonl'}: "
+        f"anyio-genout: error: cannot read the input file {tmp_path / 'missing.jsonl'}: "
         "No such file or directory"]
+    assert not (tmp_path / "out.jsonl").exists()  # nothing started
 
 
 def scrape(port: int) -> str | None:
