@@ -103,6 +103,7 @@ _RANKS: dict[str, int] = {
     "engine": 30,
     "generate": 40, "metrics": 40,
     "text": 50,
+    "parsers": 52,  # tool-call and reasoning parsers: sans I/O, errors only
     "": 55,  # anyio_genout/__init__.py, the facade
     "server": 58,  # above the facade's layers, below cli (needs the server extra)
     "vllm": 60, "bench": 60,
