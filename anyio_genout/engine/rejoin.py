@@ -219,6 +219,7 @@ async def answer_restarted_engines(config: EngineCoreClientConfig, sock: ZmqSock
     Runs until cancelled or the socket closes; never raises otherwise."""
     ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
     junk = 0
+    hellos = dict.fromkeys(config.engine_ranks, 0)
 
     def ignore(identity: bytes, why: str) -> None:
         nonlocal junk
@@ -249,9 +250,13 @@ async def answer_restarted_engines(config: EngineCoreClientConfig, sock: ZmqSock
                                  f"{_ranks(config.engine_ranks)} (elastic growth is not "
                                  f"supported), no INIT sent")
             elif message.status is EngineStatus.HELLO:
-                logger.warning("engine %d said HELLO again (a restarted engine): sent INIT "
-                               "naming every front end's sockets; each takes it back if it "
-                               "has the rank down", rank)
+                hellos[rank] += 1
+                # Bounded: an engine that every front end refuses may dial again at once.
+                if hellos[rank] <= MAX_JUNK_LOGGED or not hellos[rank] % 1000:
+                    logger.warning("engine %d said HELLO again (a restarted engine; %d so "
+                                   "far): sent INIT naming every front end's sockets; each "
+                                   "takes it back if it has the rank down", rank,
+                                   hellos[rank])
                 sock.send_nowait([identity, init])
             else:
                 logger.info("engine %d is READY again", rank)

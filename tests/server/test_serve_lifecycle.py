@@ -119,7 +119,7 @@ def until_health(base: str, want: int, seconds: float, child: Child, times: int 
     return time.monotonic() - started
 
 
-BODY = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4}
+BODY = {"model": "m", "prompt": "Once upon a time", "max_tokens": 4, "ignore_eos": True}
 
 
 def assert_serves(base: str, times: int = 4) -> None:
@@ -301,9 +301,6 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
                 idle = await anyio.to_thread.run_sync(_idle_connection, port)
                 serve.process.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
-                await anyio.sleep(0.2)
-                # /health is 503 if it can be reached at all (an idle connection is closed).
-                health_during_drain = await anyio.to_thread.run_sync(_health_on, idle)
                 # New connections are refused at once.
                 refused_after = None
                 for _ in range(100):
@@ -312,6 +309,8 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
                         break
                     await anyio.sleep(0.01)
                 assert refused_after is not None and refused_after < 1.0, serve.err
+                # /health is 503 if it can be reached at all (an idle connection is closed).
+                health_during_drain = await anyio.to_thread.run_sync(_health_on, idle)
             code = await anyio.to_thread.run_sync(serve.wait, 20)
             exited = time.monotonic() - signalled
         finally:
