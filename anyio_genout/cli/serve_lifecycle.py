@@ -125,7 +125,7 @@ class Lifecycle:
         self.stop.set()
 
     def on_signal(self, signum: int) -> None:
-        if self.signal is None:
+        if self.signal is None or signum == signal.SIGINT:  # Ctrl-C after SIGTERM: 130
             self.signal = signum
         self.begin(self._shutdown_timeout if signum == signal.SIGTERM else 0.0)
 

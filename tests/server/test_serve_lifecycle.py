@@ -333,3 +333,33 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
     assert {max_tokens[rid] for rid in aborted} == {500}  # the long ones
     assert health_during_drain in (b"", b"HTTP/1.1 503"), health_during_drain
     assert "Running on" not in serve.err
+
+
+@pytest.mark.anyio
+@BACKENDS
+async def test_sigint_during_a_drain_aborts_at_once(backend: str) -> None:
+    address, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    base = f"http://127.0.0.1:{port}"
+    async with engine_for(address, step_time=0.02, vocab_size=1024) as engine:
+        serve = server(address, port, backend, 1, "--shutdown-timeout", "30")
+        try:
+            await anyio.to_thread.run_sync(until_health, base, 200, 30, serve)
+            results: dict[str, dict[str, Any]] = {}
+            async with httpx.AsyncClient(timeout=30) as http, anyio.create_task_group() as tg:
+                started = anyio.Event()
+                tg.start_soon(_stream, http, f"{base}/v1/completions", "long", 2000, results,
+                              started)
+                with anyio.fail_after(10):
+                    await started.wait()
+                serve.process.send_signal(signal.SIGTERM)
+                await anyio.sleep(0.5)  # draining: the stream goes on
+                assert "long" not in results
+                serve.process.send_signal(signal.SIGINT)
+                interrupted = time.monotonic()
+            code = await anyio.to_thread.run_sync(serve.wait, 20)
+        finally:
+            serve.stop()
+    assert code == 130, serve.err
+    assert results["long"]["finish"] == ["abort"] and results["long"]["done"], results
+    assert results["long"]["ended"] - interrupted < 1.0, results
+    assert len(engine.aborted_ids) == 1
