@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from anyio_genout import (
     Client,
     CollectedGenerateOutput,
+    FinishReason,
     GenerateRequest,
     InvalidRequestError,
     ProtocolError,
@@ -333,15 +334,20 @@ def test_a_schema_mapping_changed_after_a_check_is_checked_again() -> None:
 
 @pytest.mark.anyio
 async def test_generate_sends_the_constraint_and_refuses_a_bad_one_before_sending() -> None:
+    # The mock has no grammar backend: it ends each constrained request as an engine that
+    # cannot prepare it does (finish reason error, no tokens); what it received is tested.
     async with generate_client(mock={"keep_history": True}) as (client, cluster):
         good = StructuredOutputsParams(choice=["yes", "no"])
-        assert len((await _generate(client, "so-1", good)).token_ids) == 4
+        refused = await _generate(client, "so-1", good)
+        assert (refused.token_ids, refused.finish_reason) == ([], FinishReason.ERROR)
         bad = StructuredOutputsParams(json={"type": "object"}, regex="a")
         with pytest.raises(InvalidRequestError) as info:
             await _generate(client, "so-2", bad)
         assert info.value.field == "structured_outputs"
         schema = StructuredOutputsParams(json=SCHEMA)
-        assert len((await _generate(client, "so-3", schema)).token_ids) == 4
+        refused = await _generate(client, "so-3", schema)
+        assert (refused.token_ids, refused.finish_reason) == ([], FinishReason.ERROR)
+        assert client.engine.is_healthy
         adds = [r for r in cluster.engine.received if isinstance(r, AddRequest)]
         assert [add.request.sampling_params.structured_outputs for add in adds] == [
             StructuredOutputsParams(grammar=choice_as_grammar(["yes", "no"])), schema]
