@@ -161,9 +161,9 @@ class TextResponse(Response):
 
                     await self._each(streams, collect)
                     done = [whole for whole in wholes if whole is not None]
-                    body = dumps(self._fmt.whole(done))  # may fail: an error answer then
+                    rendered = dumps(self._fmt.whole(done))  # may fail: an error answer
                     await self._start(send, 200, _JSON_HEADERS)
-                    await self._body(send, body, more=False)
+                    await self._body(send, rendered, more=False)
                     return
                 await self._start(send, 200, _SSE_HEADERS)
                 fmt = self._fmt
