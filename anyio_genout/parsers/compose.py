@@ -54,7 +54,10 @@ class OutputParser:
             return ParsedOutput(reasoning, content)
         found = tools.extract(content or "")
         if not found.calls:  # required/named: no call is never content (vLLM's null)
-            return ParsedOutput(reasoning, content if tools is self.tools else None)
+            if tools is not self.tools:
+                return ParsedOutput(reasoning, None)
+            kept = content if found.content == (content or "") else found.content
+            return ParsedOutput(reasoning, kept)
         content = found.content if found.content and found.content.strip() else None
         return ParsedOutput(reasoning, content, found.calls)
 

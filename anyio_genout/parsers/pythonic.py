@@ -118,7 +118,7 @@ class PythonicToolParser(ToolParser):
             return Snapshot(len(text))
         calls, start = [], 1
         for end in _call_ends(text):
-            node = _parse(text[start:end].strip().lstrip(","))
+            node = _parse(text[start:end].strip().lstrip(",").strip())
             try:
                 call = _call(node) if node is not None else None
             except _NotACall:
