@@ -31,12 +31,22 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from ..protocol import EngineCoreFinishReason, finish_reason_label
 
-__all__ = ["AbortCause", "abort_cause"]
+if TYPE_CHECKING:
+    from ..engine import EngineCoreOutputStream
+    from ..metrics import RequestTracker
+    from .inflight import AbortedIds
+
+__all__ = ["AbortCause", "abort_cause", "record_abort"]
+
+logger = logging.getLogger("anyio_genout.generate")
 
 
 class AbortCause(enum.Enum):
@@ -70,3 +80,20 @@ def abort_cause(cause: AbortCause) -> Iterator[None]:
         yield
     finally:
         _cause.reset(token)
+
+
+def record_abort(raw: EngineCoreOutputStream, tracker: RequestTracker | None,
+                 aborted: AbortedIds | None, cause: AbortCause | None) -> None:
+    """A live request's scope is left: record its finish under ``cause`` (else the calling
+    task's :meth:`AbortCause.current`), log it, and hold its id back if the caller chose it
+    (``aborted``). The caller then closes ``raw``, which sends the ABORT. Raises nothing."""
+    if cause is None:
+        cause = AbortCause.current()
+    if tracker is not None and not tracker.finished:
+        tracker.record_finished(time.time(), cause.finished_reason)
+    if cause is AbortCause.DROPPED_STREAM:
+        logger.info("aborting request %s: its scope was left early", raw.request_id)
+    else:
+        logger.debug("aborting request %s: %s", raw.request_id, cause.value)
+    if aborted is not None:
+        aborted.aborted(raw.request_id, raw.engine_index)

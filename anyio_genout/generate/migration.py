@@ -25,13 +25,12 @@ import attrs
 
 from ..engine import EngineCoreClient, EngineCoreOutputStream
 from ..errors import EngineDeadError, GenoutError
-from ..protocol import EngineCoreOutput, EngineCoreRequest
+from ..protocol import EngineCoreRequest
 
 if TYPE_CHECKING:
     from ..metrics import Metrics, RequestTracker
-    from .inflight import AbortedIds, InflightGuard, InflightRequests
 
-__all__ = ["MigratingStream", "can_migrate", "continuation_request", "migrated_request_id"]
+__all__ = ["Migration", "can_migrate", "continuation_request", "migrated_request_id"]
 
 logger = logging.getLogger("anyio_genout.generate")
 
@@ -79,96 +78,63 @@ def continuation_request(first: EngineCoreRequest, max_tokens: int, delivered: S
                         sampling_params=params, max_tokens=remaining)
 
 
-class MigratingStream:
-    """The migration half of :class:`~anyio_genout.GenerateStream` (which sets these):
-    moving a request whose engine died to a live engine as a continuation."""
+@attrs.define(eq=False)
+class Migration:
+    """A stream's migration: the tokens delivered so far, the moves made, and the rule that
+    guards the next one (a collaborator of :class:`~anyio_genout.GenerateStream`, made when
+    a stream that may migrate is entered).
 
-    # The attributes the migration assigns live here; the stream sets the rest.
-    __slots__ = ("_aborted", "_continued", "_first_pending", "_guard", "_migrations", "_raw")
+    ``first`` is the request as the first engine got it, ``max_tokens`` the cap it applied,
+    ``limit`` the most moves allowed. ``continued``: the engine request running now continues
+    one whose prompt info was delivered (so its prefill stats are not the prompt's).
+    """
 
-    _engine: EngineCoreClient
-    _engine_request: EngineCoreRequest
-    _external_id: str
-    _raw: EngineCoreOutputStream | None
-    _delivered: list[int] | None
-    _migrations: int
-    _migration_limit: int
-    _max_tokens: int
-    _done: bool
-    _prompt_pending: bool
-    _first_pending: bool
-    _continued: bool
-    _aborted: AbortedIds | None
-    _guard: InflightGuard | None
-    _inflight: InflightRequests
-    _metrics: Metrics
-    _tracker: RequestTracker | None
+    engine: EngineCoreClient
+    metrics: Metrics
+    tracker: RequestTracker
+    first: EngineCoreRequest
+    max_tokens: int
+    limit: int
+    delivered: list[int] = attrs.field(factory=list)
+    moves: int = 0
+    continued: bool = False
 
-    def _can_migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError) -> bool:
-        """Whether ``error`` (just raised by ``raw``) is its engine's death, and this request
-        may move to another engine (migration on, not pinned, migrations left, the client
-        healthy)."""
+    def may_move(self, raw: EngineCoreOutputStream, error: EngineDeadError) -> bool:
+        """Whether ``error`` (just raised by ``raw``) is its engine's death and the request
+        may move to another engine (moves left, the client healthy)."""
         ranks = error.ranks
-        return (self._delivered is not None and self._migrations < self._migration_limit
-                and not self._done and ranks is not None and raw.engine_index in ranks
-                and self._engine.is_healthy)
+        return (self.moves < self.limit and ranks is not None and raw.engine_index in ranks
+                and self.engine.is_healthy)
 
-    async def _migrate_and_receive(self, raw: EngineCoreOutputStream, error: EngineDeadError
-                                   ) -> tuple[EngineCoreOutputStream, EngineCoreOutput]:
-        """Move the request off ``raw``'s dead engine and wait for the continuation's first
-        output (moving again if that engine dies too, while migrations are left).
-
-        Raises:
-            EngineDeadError: ``error``, when the request cannot move (see :meth:`_migrate`),
-                or the death of the continuation's engine with no migration left.
-        """
-        while True:
-            raw = self._migrate(raw, error)
-            try:
-                return raw, await raw.receive_output()
-            except EngineDeadError as again:
-                if not self._can_migrate(raw, again):
-                    raise
-                error = again
-
-    def _migrate(self, raw: EngineCoreOutputStream, error: EngineDeadError
-                 ) -> EngineCoreOutputStream:
-        """Resubmit the request as a continuation on a live engine (synchronous: the new
-        engine request is queued, the stream reads from it from now on).
+    def move(self, raw: EngineCoreOutputStream, error: EngineDeadError, *,
+             prompt_pending: bool) -> EngineCoreOutputStream:
+        """Resubmit the request as a continuation on a live engine and return its stream
+        (synchronous: the new engine request is queued). ``prompt_pending``: the prompt info
+        was not delivered yet (the continuation keeps ``prompt_logprobs`` then).
 
         Raises:
             EngineDeadError: ``error`` itself, when no engine can take the continuation (the
                 client became unhealthy, nothing is left to generate, the id was refused).
         """
-        delivered = self._delivered
-        assert delivered is not None and self._tracker is not None
-        number = self._migrations + 1
-        first = self._engine_request
+        delivered = self.delivered
+        number = self.moves + 1
+        first = self.first
         new: EngineCoreOutputStream | None = None
         try:
             request = continuation_request(
-                first, self._max_tokens, delivered, migrated_request_id(first.request_id, number),
-                keep_prompt_logprobs=self._prompt_pending)
-            new = self._engine.open_stream(request)
+                first, self.max_tokens, delivered, migrated_request_id(first.request_id, number),
+                keep_prompt_logprobs=prompt_pending)
+            new = self.engine.open_stream(request)
         except (GenoutError, ValueError) as exc:
             logger.info("request %s: engine %d died and the request cannot move to another "
                         "engine: %s", first.request_id, raw.engine_index, exc)
         if new is None:
             raise error  # outside the handler: the caller's own error, its context unchanged
         raw.close()  # ended already (its error was read): nothing is aborted
-        self._raw = new
-        self._migrations = number
-        self._first_pending = True
-        self._continued = not self._prompt_pending
-        # The continuation's id is random: never refused for reuse, never a caller's.
-        self._aborted = None
-        guard = self._guard
-        if guard is not None:
-            guard.release()
-        self._guard = self._inflight.track(self._external_id, new.request_id)
-        self._metrics.record_migration(self._tracker, raw.engine_index, new.engine_index)
+        self.moves = number
+        self.continued = not prompt_pending
+        self.metrics.record_migration(self.tracker, raw.engine_index, new.engine_index)
         logger.info("request %s: engine %d died after %d token(s); continuing on engine %d "
                     "as %s (migration %d of at most %d)", first.request_id, raw.engine_index,
-                    len(delivered), new.engine_index, new.request_id, number,
-                    self._migration_limit)
+                    len(delivered), new.engine_index, new.request_id, number, self.limit)
         return new

@@ -12,8 +12,40 @@ token comes after the first ``min_tokens`` output tokens; it may begin within th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-__all__ = ["StopSequenceMatcher"]
+from ..protocol import Logprobs, SamplingMask
+from .abort_cause import AbortCause
+from .output import FinishReason, StopReason
+
+__all__ = ["StopSequenceMatcher", "cut_at_stop"]
+
+
+class _Closable(Protocol):
+    def close(self, cause: AbortCause | None = None) -> None: ...
+
+
+def cut_at_stop(stream: _Closable, keep: int, stop_reason: StopReason, tokens: list[int],
+                logprobs: Logprobs | None = None, mask: SamplingMask | None = None
+                ) -> tuple[list[int], Logprobs | None, SamplingMask | None, FinishReason]:
+    """The one stop cut, for a stop token sequence (this layer) or a stop string (the text
+    layer) matched in an output: keep its first ``keep`` tokens (and their logprobs and
+    sampling-mask rows), close ``stream`` with :attr:`AbortCause.STOP_STRING_MATCHED` (one
+    ABORT if the request is live; the metrics count the finish as "stop" either way), and
+    finish with ``FinishReason.stop(stop_reason)``. Raises nothing.
+    """
+    if keep < len(tokens):
+        tokens = tokens[:keep]
+        if logprobs is not None:
+            logprobs = Logprobs(logprobs.token_ids[:keep], logprobs.logprobs[:keep],
+                                logprobs.ranks[:keep])
+        if mask is not None and mask.offsets is not None:
+            # Rows stay aligned with the kept tokens (a one-row mask is never cut: a match
+            # keeps at least one token).
+            mask = SamplingMask(mask.token_ids[:int(mask.offsets[keep])],
+                                mask.offsets[:keep + 1])
+    stream.close(AbortCause.STOP_STRING_MATCHED)
+    return tokens, logprobs, mask, FinishReason.stop(stop_reason)
 
 
 class StopSequenceMatcher:

@@ -2,18 +2,13 @@
 
 ``async with client.generate(request) as stream:`` sends the request; ``async for out in
 stream`` yields :class:`GenerateOutput` deltas. Leaving the block before the terminal output
-(``break``, an exception, a timeout or cancellation around it) or :meth:`GenerateStream.close`
-(alias :meth:`~GenerateStream.cancel`) aborts the request in the engine exactly once, and the
-metrics record it with the finished reason of the current :class:`AbortCause`.
-
-The scope opens no cancel scope and no task group, and leaving it never awaits: so the block
-may contain the ``yield`` of an async generator that wraps the stream, and that generator may
-be closed late, from another task (docs/concepts.md, "Wrapping a stream").
+(or :meth:`GenerateStream.close`) aborts the request once, recorded with the current
+:class:`AbortCause`. The scope opens no cancel scope or task group and leaving it never
+awaits (so it may hold an async generator's ``yield``: docs/concepts.md).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, final
@@ -27,12 +22,10 @@ from ..protocol import (
     EngineCoreFinishReason,
     EngineCoreOutput,
     EngineCoreRequest,
-    Logprobs,
-    SamplingMask,
 )
-from .abort_cause import AbortCause
+from .abort_cause import AbortCause, record_abort
 from .inflight import AbortedIds, InflightGuard, InflightRequests
-from .migration import MigratingStream, can_migrate
+from .migration import Migration, can_migrate
 from .output import (
     CollectedGenerateOutput,
     FinishReason,
@@ -40,22 +33,26 @@ from .output import (
     GeneratePromptInfo,
     collect_output,
 )
-from .stop_sequences import StopSequenceMatcher
+from .state import TRANSITIONS, Event, Phase, StreamStateError
+from .stop_sequences import StopSequenceMatcher, cut_at_stop
 
 if TYPE_CHECKING:
     from typing import Self
 
 __all__ = ["GenerateStream", "new_generate_stream"]
 
-logger = logging.getLogger("anyio_genout.generate")
-
-
 #: Passed by :func:`new_generate_stream` only: the class has no public constructor.
 _MADE_HERE: Final = object()
 
 
+_RECEIVE: Final = Event.RECEIVE
+_STREAMING: Final = Phase.STREAMING
+_FINISHED: Final = Phase.FINISHED
+_ENDED: Final = Phase.ENDED
+
+
 @final
-class GenerateStream(MigratingStream):
+class GenerateStream:
     """A request in flight: an async context manager and an async iterator of outputs.
 
     Entering sends the request; it raises, with nothing sent,
@@ -65,22 +62,23 @@ class GenerateStream(MigratingStream):
     the client's sticky health error. Iterate it from one task: a second task that waits for
     an output while another one does gets :class:`anyio.BusyResourceError` at once.
 
-    With ``ClientConfig(migration_limit=N)``, when the engine running the request dies the
-    stream resubmits it to a live engine as a continuation, up to N times, and goes on
-    without a gap, a duplicate or an error (:mod:`.migration`, docs/reliability.md).
+    Its life is one :class:`.state.Phase`, changed only through :mod:`.state`'s table; a
+    misuse (reading before entering, entering twice) raises
+    :class:`.state.StreamStateError` (a RuntimeError) naming the phase. With
+    ``ClientConfig(migration_limit=N)`` a request whose engine dies moves to a live one, up
+    to N times, without a gap (:class:`.migration.Migration`, docs/reliability.md).
     """
 
-    __slots__ = ("_delivered", "_done", "_engine", "_engine_request", "_entered",
-                 "_external_id", "_finish_pending", "_inflight", "_matcher", "_max_tokens",
-                 "_metrics", "_migration_limit", "_number", "_prompt_pending", "_tracker")
+    __slots__ = ("_aborted", "_engine", "_engine_request", "_external_id", "_finish_pending",
+                 "_guard", "_inflight", "_matcher", "_metrics", "_migration",
+                 "_migration_limit", "_number", "_raw", "_state", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                  engine_request: EngineCoreRequest, *, callers_ids: bool,
                  migration_limit: int = 0, _made_by: object = None) -> None:
-        """Made by :meth:`Client.generate` (there is no public constructor). ``callers_ids``:
-        the engine knows the request by the caller's own id (``randomize_request_ids=False``),
-        so an aborted id is refused for a while (:class:`AbortedIds`). ``migration_limit``:
-        how many times the request may move to another engine when its engine dies."""
+        """Made by :meth:`Client.generate` only. ``callers_ids``: the engine knows the
+        request by the caller's id, so an aborted id is refused a while (:class:`AbortedIds`);
+        ``migration_limit``: how many times the request may move when its engine dies."""
         if _made_by is not _MADE_HERE:
             raise TypeError("GenerateStream has no public constructor: use "
                             "`async with client.generate(request) as stream`")
@@ -89,8 +87,8 @@ class GenerateStream(MigratingStream):
         self._inflight = inflight
         self._engine_request = engine_request
         self._external_id = engine_request.external_req_id or engine_request.request_id
+        self._state = Phase.IDLE
         self._raw: EngineCoreOutputStream | None = None
-        self._entered = False
         self._tracker: RequestTracker | None = None
         self._guard: InflightGuard | None = None
         # Ids the caller chose are refused for reuse while late outputs may come (see there).
@@ -99,38 +97,38 @@ class GenerateStream(MigratingStream):
         sequences = engine_request.sampling_params.stop_token_sequences
         self._matcher = (StopSequenceMatcher(
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
-        self._prompt_pending = True
-        # The first output of the current engine request is still to come (the fast path
-        # waits for it: prompt info, the AbortedIds witness).
-        self._first_pending = True
         self._migration_limit = migration_limit
-        self._migrations = 0
-        # The tokens delivered so far while the request may still migrate (else None), the
-        # cap the first engine applied, and whether the current engine request continues one
-        # whose prompt info was delivered (its prefill stats are not the prompt's then).
-        self._delivered: list[int] | None = None
-        self._max_tokens = 0
-        self._continued = False
-        self._done = False
-        # The terminal output's (received_at, finish label), recorded in the metrics when the
-        # caller next touches the stream: a layer above may still re-label it (close(cause)).
+        # Made on entry when the request may move (the delivered tokens, the moves).
+        self._migration: Migration | None = None
+        # In FINISHED: the terminal output's (received_at, label), recorded when the caller
+        # next touches the stream (a layer above may re-label it: close(cause)).
         self._finish_pending: tuple[float, str] | None = None
+
+    def _step(self, event: Event) -> None:
+        """Move to the phase ``event`` leads to (raises StreamStateError if illegal)."""
+        new = TRANSITIONS[self._state][event]
+        if new is None:
+            raise StreamStateError(self._state, event)
+        self._state = new
+
+    @property
+    def phase(self) -> Phase:
+        """Where the stream is in its life (:mod:`anyio_genout.generate.state`)."""
+        return self._state
 
     # ------------------------------------------------------------------ scope
 
     async def __aenter__(self) -> Self:
-        """Validate and send the request (see the class docstring for what it raises).
+        """Validate and send the request (ENTER).
 
         Raises:
             InvalidRequestError, DuplicateRequestIdError: nothing was sent.
             ClientUnhealthyError: the client's sticky health error.
-            RuntimeError: the stream was entered before.
+            StreamStateError: the stream was entered before (a RuntimeError).
         """
-        if self._entered:
-            raise RuntimeError("a GenerateStream can be entered only once")
-        self._entered = True
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._step(Event.ENTER)
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
             engine = self._engine
             aborted = self._aborted
             if aborted is not None:
@@ -140,16 +138,16 @@ class GenerateStream(MigratingStream):
             request = self._engine_request = raw.request
             if aborted is not None:
                 self._number = aborted.opened(raw.engine_index, engine.abort_queued)
-            self._tracker = self._metrics.tracker(
+            tracker = self._tracker = self._metrics.tracker(
                 engine_index=raw.engine_index,
                 arrival_time=request.arrival_time,
                 prompt_len=len(request.prompt_token_ids),
                 max_tokens=raw.max_tokens,
             )
             self._guard = self._inflight.track(self._external_id, request.request_id)
-            self._max_tokens = raw.max_tokens
             if self._migration_limit and can_migrate(request):
-                self._delivered = []
+                self._migration = Migration(engine, self._metrics, tracker, request,
+                                            raw.max_tokens, self._migration_limit)
         except BaseException:
             self._release()
             raise
@@ -160,79 +158,57 @@ class GenerateStream(MigratingStream):
         self._release()
 
     def _release(self, cause: AbortCause | None = None) -> None:
-        """Close the request (abort it if live), record an early exit, release tracking.
-
-        A terminal output not yet recorded is recorded now, under ``cause``'s finished reason
-        if one was given (a layer above matched a stop string in it), else its own."""
-        if self._finish_pending is not None:
+        """CLOSE: abort the request if live (recording the early exit), release tracking; a
+        terminal output not yet recorded is, under ``cause``'s finished reason if given."""
+        state = self._state
+        if state is Phase.CLOSED or state is Phase.IDLE:
+            return
+        if state is _FINISHED:
             self._record_finish(None if cause is None else cause.finished_reason)
+        self._step(Event.CLOSE)
         raw = self._raw
-        if raw is not None and not self._done:
-            self._done = True
+        if raw is not None:
             if not raw.terminated:
-                if cause is None:
-                    cause = AbortCause.current()
-                tracker = self._tracker
-                if tracker is not None and not tracker.finished:
-                    tracker.record_finished(time.time(), cause.finished_reason)
-                if cause is AbortCause.DROPPED_STREAM:
-                    logger.info("aborting request %s: its scope was left early",
-                                raw.request_id)
-                else:
-                    logger.debug("aborting request %s: %s", raw.request_id, cause.value)
-                if self._aborted is not None:
-                    self._aborted.aborted(raw.request_id, raw.engine_index)
+                record_abort(raw, self._tracker, self._aborted, cause)
             raw.close()
         if self._guard is not None:
             self._guard.release()
             self._guard = None
 
     def _record_finish(self, label: str | None) -> None:
-        pending = self._finish_pending
+        """RECORD: the terminal output's metrics, under ``label`` if given."""
+        pending, self._finish_pending = self._finish_pending, None
         assert pending is not None and self._tracker is not None
-        self._finish_pending = None
+        self._step(Event.RECORD)
         self._tracker.record_finished(pending[0], pending[1] if label is None else label)
 
     def close(self, cause: AbortCause | None = None) -> None:
-        """Finish with this request now: abort it in the engine if it is still running.
+        """Finish with this request now (CLOSE): abort it in the engine if still running.
 
-        ``cause`` overrides :meth:`AbortCause.current` (read in the calling task) for the
-        metrics (e.g. ``stream.close(AbortCause.STOP_STRING_MATCHED)`` when a layer above
-        matched a stop condition); called right after the terminal output, before the next
-        iteration step, ``cause`` also re-labels that output's finished reason in the metrics
-        (a stop string matched in the engine's last output counts as "stop"). Synchronous
-        and idempotent; leaving the ``async with`` block afterwards does nothing more. The
-        iteration ends: the next ``async for`` step stops, and one that waits for an output
-        in another task wakes up and stops.
-        """
+        ``cause`` overrides :meth:`AbortCause.current` for the metrics (e.g.
+        ``AbortCause.STOP_STRING_MATCHED``: a layer above matched a stop string); right after
+        the terminal output it re-labels that output's finished reason. Synchronous and
+        idempotent; the iteration ends (a wait in another task wakes and stops). Raises
+        nothing."""
         self._release(cause)
 
     def cancel(self) -> None:
-        """The same as :meth:`close` (kept by that name for callers in other tasks).
-
-        The request is aborted at once and ``async for`` ends, so the ``async with`` block
-        ends without an exception once its body is done; other awaits in the body are not
-        interrupted. To interrupt the whole body, cancel a cancel scope of your own around
-        the block."""
+        """:meth:`close`: ``async for`` ends; other awaits in the body go on."""
         self._release()
 
     # ------------------------------------------------------------------ accessors
 
     @property
     def request_id(self) -> str:
-        """The internal id the engine knows this request by (the first engine's: it stays
-        the stream's id, and its outputs', after a migration; see
-        :attr:`engine_request_id`)."""
+        """The internal id the engine knows this request by (the first engine's, also after
+        a migration: see :attr:`engine_request_id`)."""
         return self._engine_request.request_id
 
     @property
     def engine_request_id(self) -> str:
         """The id of the engine request running now: :attr:`request_id`, or after a
-        migration its continuation's, ``"{request_id}-m{n}-{8 hex}"``.
-
-        Raises:
-            RuntimeError: the stream has not been entered.
-        """
+        migration its continuation's, ``"{request_id}-m{n}-{8 hex}"``. Raises RuntimeError
+        before the stream is entered."""
         if self._raw is None:
             raise RuntimeError("the stream has not been entered")
         return self._raw.request_id
@@ -240,7 +216,7 @@ class GenerateStream(MigratingStream):
     @property
     def migrations(self) -> int:
         """How many times the request moved to another engine (its engine died)."""
-        return self._migrations
+        return 0 if self._migration is None else self._migration.moves
 
     @property
     def external_request_id(self) -> str:
@@ -248,16 +224,15 @@ class GenerateStream(MigratingStream):
 
     @property
     def engine_index(self) -> int:
-        """The data-parallel rank of the engine running the request.
-
-        Raises:
-            RuntimeError: the stream has not been entered.
-        """
+        """The data-parallel rank of the engine running the request. Raises RuntimeError
+        before the stream is entered."""
         if self._raw is None:
             raise RuntimeError("the stream has not been entered")
         return self._raw.engine_index
 
     # ------------------------------------------------------------------ iteration
+    # __anext__, receive and receive_buffered share one core: _poll (the RECEIVE transition,
+    # a buffered output without a coroutine), then _wait (the end, or the wait).
 
     def __aiter__(self) -> Self:
         return self
@@ -270,104 +245,146 @@ class GenerateStream(MigratingStream):
             RequestFailedError: once, when only this request failed (e.g.
                 :class:`SamplingMaskMismatchError`, :class:`RequestStreamClosedError`).
             anyio.BusyResourceError: another task is waiting on this stream.
-            RuntimeError: the stream has not been entered.
+            StreamStateError: the stream has not been entered (a RuntimeError).
         """
-        raw = self._raw
-        if raw is None:
-            raise RuntimeError("use `async with client.generate(...) as stream` first")
-        if self._finish_pending is not None:
-            self._record_finish(None)
-        if self._done and not raw.terminated:
-            await anyio.lowlevel.checkpoint()
-            raise StopAsyncIteration
-        # A buffered output without a coroutine round trip (once per token); else await it.
-        # The checkpoint rule is the engine stream's either way.
-        try:
-            output = raw.receive_buffered_output()
-            if output is None:
-                output = await raw.receive_output()
-        except EngineDeadError as error:
-            if not self._can_migrate(raw, error):
-                raise
-            raw, output = await self._migrate_and_receive(raw, error)
-        return self._deliver(raw, output)
+        got = self._poll(False)
+        if got is None:
+            got = await self._wait(False)
+        return got  # type: ignore[return-value]
 
     def receive_buffered(self) -> list[int] | GenerateOutput | None:
         """The next output without a coroutine, when one is buffered and :meth:`__anext__`
         would not suspend, as :meth:`receive` gives it; None when it must be awaited (nothing
-        buffered, its checkpoint due, the stream ended or not entered).
+        buffered, its checkpoint due, the stream ended).
 
         Raises:
-            what :meth:`__anext__` raises, except BusyResourceError and RuntimeError.
+            what :meth:`__anext__` raises, except BusyResourceError.
         """
-        raw = self._raw
-        if raw is None or self._done or self._finish_pending is not None:
-            return None
-        try:
-            output = raw.receive_buffered_output()
-        except EngineDeadError as error:
-            if not self._can_migrate(raw, error):
-                raise
-            self._migrate(raw, error)
-            return None  # the continuation's outputs are awaited (receive())
-        if output is None:
-            return None
-        return self._plain_or_output(raw, output)
+        return self._poll(True)
 
     async def receive(self) -> list[int] | GenerateOutput:
         """:meth:`__anext__` for a layer above that builds its own output per token (the text
-        layer): a plain step comes as its new token ids alone, no :class:`GenerateOutput`
-        built; any other output as the ``GenerateOutput`` ``__anext__`` gives. A plain step
-        is neither the first output nor the terminal one, and has tokens only: no logprobs,
-        prefill stats, transfer params, sampling mask or speculative-decoding metrics, and
-        no stop token sequences to match. The metrics see the same as with ``__anext__``.
-        Try :meth:`receive_buffered` first: this always costs a coroutine.
+        layer): a plain step (neither the first output nor the terminal one; tokens only, no
+        logprobs, prefill stats, transfer params, sampling mask, speculative-decoding
+        metrics or stop token sequences) comes as its new token ids alone; any other as the
+        ``GenerateOutput`` of ``__anext__``. The metrics see the same either way.
 
         Raises:
             StopAsyncIteration: after the terminal output (or after an error, or close()).
             what :meth:`__anext__` raises.
         """
-        raw = self._raw
-        if raw is None:
-            raise RuntimeError("use `async with client.generate(...) as stream` first")
-        if self._finish_pending is not None:
-            self._record_finish(None)
-        if self._done and not raw.terminated:
-            await anyio.lowlevel.checkpoint()
-            raise StopAsyncIteration
-        # Callers try receive_buffered() first: no second try here (the checkpoint rule is
-        # the engine stream's either way).
-        try:
-            output = await raw.receive_output()
-        except EngineDeadError as error:
-            if not self._can_migrate(raw, error):
-                raise
-            raw, output = await self._migrate_and_receive(raw, error)
-        return self._plain_or_output(raw, output)
+        got = self._poll(True)
+        if got is None:
+            got = await self._wait(True)
+        return got
 
-    def _plain_or_output(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
-                         ) -> list[int] | GenerateOutput:
-        """``output``'s token ids if it is a plain step (see :meth:`receive`), else its
-        :class:`GenerateOutput`; just received (the metrics are updated)."""
-        (_rid, tokens, logprobs, _prompt_logprobs, _pooling, finish_reason, _stop_reason,
-         _events, kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask,
-         spec_metrics, _prompt_token_id_logprobs, _error) = output
-        if (finish_reason is None and logprobs is None and prefill is None and mask is None
-                and kv_params is None and ec_params is None and spec_metrics is None
-                and not self._first_pending and self._matcher is None):
-            tracker = self._tracker
-            assert tracker is not None
-            tracker.observe_output(raw.timestamp, time.time() if tracker.is_prefilling else 0.0,
-                                   output)
-            delivered = self._delivered
-            if delivered is not None:
-                delivered.extend(tokens)
-            return tokens
+    def _poll(self, plain: bool) -> list[int] | GenerateOutput | None:
+        """RECEIVE (recording a terminal output on the way), then the next buffered output
+        if the engine stream gives one without suspending (its checkpoint rule), else None."""
+        state = TRANSITIONS[self._state][_RECEIVE]
+        if state is None:
+            raise StreamStateError(self._state, _RECEIVE)
+        if state is not _STREAMING:
+            if state is _FINISHED:
+                self._record_finish(None)
+                return None
+            if state >= _ENDED:
+                return None
+        raw = self._raw
+        assert raw is not None
+        try:
+            output = raw.receive_buffered_output()
+        except EngineDeadError as error:
+            self._move_or_raise(raw, error)
+            return None  # the continuation's outputs are awaited (_wait)
+        except Exception:
+            self._failed(raw)
+            raise
+        if output is None:
+            return None
+        return self._take(raw, output, plain)
+
+    async def _wait(self, plain: bool) -> list[int] | GenerateOutput:
+        """What :meth:`_poll` could not serve: the end (a cancellation point), or the wait
+        for the next output (moving to another engine while the request may)."""
+        state = self._state
+        if state >= _ENDED:
+            if state is Phase.CLOSED:
+                await anyio.lowlevel.checkpoint()
+            else:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            raise StopAsyncIteration
+        raw = self._raw
+        assert raw is not None
+        while True:
+            try:
+                output = await raw.receive_output()
+            except EngineDeadError as error:
+                raw = self._move_or_raise(raw, error)
+                continue
+            except Exception:
+                self._failed(raw)
+                raise
+            return self._take(raw, output, plain)
+
+    def _failed(self, raw: EngineCoreOutputStream) -> None:
+        """ERROR, if what ``raw`` just raised ends it (not a second consumer's
+        BusyResourceError, nor the end of a stream closed meanwhile)."""
+        if raw.terminated:
+            self._step(Event.ERROR)
+
+    def _move_or_raise(self, raw: EngineCoreOutputStream, error: EngineDeadError
+                       ) -> EngineCoreOutputStream:
+        """MOVE the request off ``raw``'s dead engine, returning the continuation's stream.
+
+        Raises:
+            EngineDeadError: ``error`` (ERROR): migration off or not allowed, no moves left,
+                or no engine took the continuation.
+        """
+        migration = self._migration
+        if migration is None or not migration.may_move(raw, error):
+            self._failed(raw)
+            raise error
+        try:
+            new = migration.move(raw, error, prompt_pending=self._state is Phase.FIRST)
+        except BaseException:
+            self._failed(raw)
+            raise
+        self._step(Event.MOVE)
+        self._raw = new
+        # The continuation's id is random: never refused for reuse, never a caller's.
+        self._aborted = None
+        if self._guard is not None:
+            self._guard.release()
+        self._guard = self._inflight.track(self._external_id, new.request_id)
+        return new
+
+    def _take(self, raw: EngineCoreOutputStream, output: EngineCoreOutput, plain: bool
+              ) -> list[int] | GenerateOutput:
+        """``output``, just received: with ``plain``, its token ids if a plain step (see
+        :meth:`receive`), else its :class:`GenerateOutput`; the metrics updated."""
+        if plain and self._state is _STREAMING and self._matcher is None:
+            (_rid, tokens, logprobs, _prompt_logprobs, _pooling, finish_reason, _stop_reason,
+             _events, kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask,
+             spec_metrics, _prompt_token_id_logprobs, _error) = output
+            if (finish_reason is None and logprobs is None and prefill is None
+                    and mask is None and kv_params is None and ec_params is None
+                    and spec_metrics is None):
+                # OUTPUT in STREAMING stays STREAMING (TRANSITIONS): nothing to store.
+                tracker = self._tracker
+                assert tracker is not None
+                tracker.observe_output(raw.timestamp,
+                                       time.time() if tracker.is_prefilling else 0.0, output)
+                migration = self._migration
+                if migration is not None:
+                    migration.delivered.extend(tokens)
+                return tokens
         return self._deliver(raw, output)
 
     def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
                  ) -> GenerateOutput:
-        """The :class:`GenerateOutput` of ``output``, just received (the metrics updated)."""
+        """The :class:`GenerateOutput` of ``output``, just received (the metrics updated):
+        OUTPUT or TERMINAL."""
         tracker = self._tracker
         assert tracker is not None
         # One unpacking instead of a field lookup per use (this runs once per token).
@@ -378,72 +395,60 @@ class GenerateStream(MigratingStream):
         received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
                        else 0.0)
         tracker.observe_output(raw.timestamp, received_at, output)
+        state = self._state
         prompt_info = None
-        if self._first_pending:
-            self._first_pending = False
+        if state is not _STREAMING:  # FIRST or CONTINUING: the engine request's first
             if self._aborted is not None:
                 self._aborted.witnessed(raw.engine_index, self._number)
-            if self._prompt_pending:
-                self._prompt_pending = False
+            if state is Phase.FIRST:
                 # The original prompt's, also when a continuation brings it.
                 prompt_info = GeneratePromptInfo(self._engine_request.prompt_token_ids,
                                                  prompt_logprobs, prompt_token_id_logprobs)
         if mask is not None and len(mask) != len(tokens):
+            self._step(Event.ERROR)
             raise SamplingMaskMismatchError(
                 f"request {rid}: sampling mask has {len(mask)} rows for "
                 f"{len(tokens)} new tokens")
-        finish = None
         matched = self._matcher.feed(tokens) if self._matcher is not None else None
-        if matched is not None:
-            keep, sequence = matched
-            if keep < len(tokens):
-                tokens = tokens[:keep]
-                if logprobs is not None:
-                    logprobs = Logprobs(logprobs.token_ids[:keep], logprobs.logprobs[:keep],
-                                        logprobs.ranks[:keep])
-                if mask is not None and mask.offsets is not None:
-                    # Rows stay aligned with the kept tokens (a one-row mask is never cut:
-                    # a match keeps at least one token).
-                    mask = SamplingMask(mask.token_ids[:int(mask.offsets[keep])],
-                                        mask.offsets[:keep + 1])
-            finish = FinishReason.stop(sequence)
-        elif finish_reason is not None:
+        finish = FinishReason.STOP if matched is not None else None  # the match's: below
+        if matched is None and finish_reason is not None:
             finish = FinishReason.from_engine(finish_reason, stop_reason)
-        delivered = self._delivered
-        if delivered is not None:
-            delivered.extend(tokens)
-            if self._migrations:
+        if finish is None:
+            self._step(Event.OUTPUT)
+        else:
+            self._step(Event.TERMINAL)
+            self._finish_pending = (received_at, finish.as_str())
+            if finish_reason is EngineCoreFinishReason.ABORT and self._aborted is not None:
+                # client.abort(): the engine may have made outputs before it read the ABORT.
+                self._aborted.aborted(rid, raw.engine_index)
+            if matched is not None:
+                # The client matched a stop sequence: the stop cut (frees a live request).
+                tokens, logprobs, mask, finish = cut_at_stop(self, matched[0], matched[1],
+                                                             tokens, logprobs, mask)
+        migration = self._migration
+        if migration is not None:
+            migration.delivered.extend(tokens)
+            if migration.moves:
                 rid = self._engine_request.request_id  # the stream's id, not the continuation's
-        result = GenerateOutput(
+        return GenerateOutput(
             rid,
             tokens,
             prompt_info,
             logprobs,
             finish,
             # A continuation's prefill is of prompt + delivered tokens: not the prompt's.
-            prefill.num_cached_tokens if prefill is not None and not self._continued else 0,
+            prefill.num_cached_tokens if prefill is not None and not (
+                migration is not None and migration.continued) else 0,
             kv_params,
             ec_params,
             mask,
             spec_metrics,
         )
-        if finish is not None:
-            self._finish_pending = (received_at, finish.as_str())
-            if finish_reason is EngineCoreFinishReason.ABORT and self._aborted is not None:
-                # client.abort(): the engine may have made outputs before it read the ABORT.
-                self._aborted.aborted(rid, raw.engine_index)
-            if matched is not None and not raw.terminated:
-                # The client matched a stop sequence: free the engine's request, on purpose.
-                self._release(AbortCause.STOP_STRING_MATCHED)
-        return result
 
     async def collect_output(self) -> CollectedGenerateOutput:
-        """Gather the rest of this stream (see :func:`collect_output`).
-
-        Raises:
-            IncompleteStreamError: the outputs ended without a terminal one.
-            OperationalError: what :meth:`__anext__` raises.
-        """
+        """Gather the rest of this stream (:func:`collect_output`: it raises
+        IncompleteStreamError if the outputs end without a terminal one, and what
+        :meth:`__anext__` raises)."""
         return await collect_output(self)
 
 

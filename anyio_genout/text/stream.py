@@ -28,12 +28,12 @@ from ..errors import InvalidRequestError
 from ..generate import (
     AbortCause,
     Client,
-    FinishReason,
     FinishReasonKind,
     GenerateOutput,
     GenerateRequest,
     GenerateStream,
 )
+from ..generate.stop_sequences import cut_at_stop
 from ..protocol import SamplingParams
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
@@ -344,12 +344,9 @@ class TextStream:
             step = self._decoder.update(tokens, finished=False, stop_terminated=False)
         if step.stop_string is None:
             return TextOutput(self._rid, step.text, tokens)
-        if step.keep < len(tokens):
-            tokens = tokens[:step.keep]
-        inner.close(AbortCause.STOP_STRING_MATCHED)
+        tokens, _, _, finish = cut_at_stop(inner, step.keep, step.stop_string, tokens)
         self._done = True
-        return TextOutput(self._rid, step.text, tokens, None,
-                          FinishReason.stop(step.stop_string))
+        return TextOutput(self._rid, step.text, tokens, None, finish)
 
     def _text_output(self, inner: GenerateStream, out: GenerateOutput) -> TextOutput:
         """The output for ``out`` (the general path: a finish, logprobs, the first one)."""
@@ -365,11 +362,8 @@ class TextStream:
                                   stop_terminated=stop_terminated)
             text = step.text
             if step.stop_string is not None:
-                if step.keep < len(tokens):
-                    tokens = tokens[:step.keep]
                 # A live request is freed (one ABORT); either way the metrics count "stop".
-                inner.close(AbortCause.STOP_STRING_MATCHED)
-                finish = FinishReason.stop(step.stop_string)
+                tokens, _, _, finish = cut_at_stop(inner, step.keep, step.stop_string, tokens)
         if finish is not None:
             self._done = True
         logprobs = None
