@@ -21,6 +21,7 @@ from .deepseek import DeepSeekV3ToolParser
 from .hermes import HermesToolParser
 from .llama import Llama3JsonToolParser
 from .pythonic import PythonicToolParser
+from .qwen3_xml import Qwen3XmlToolParser
 from .reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ReasoningParser
 
 __all__ = ["REASONING_PARSERS", "TOOL_PARSERS", "reasoning_parser_class", "tool_parser",
@@ -37,6 +38,8 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "llama4_json": Llama3JsonToolParser,
     "pythonic": PythonicToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
+    "qwen3_xml": Qwen3XmlToolParser,
+    "qwen3_coder": Qwen3XmlToolParser,
 }
 #: Built-in reasoning parsers by ``--reasoning-parser`` name.
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {

@@ -68,6 +68,12 @@ def _call(draw: st.DrawFn, fmt: str) -> tuple[str, tuple[str, dict[str, Any]], s
         json_names = draw(st.booleans())
         body = ", ".join(f"{k}={_py(v, json_names)}" for k, v in args.items())
         return f"{name}({body})", (name, args), kind
+    if fmt == "qwen3_xml":
+        texts = {k: v if isinstance(v, str) else json.dumps(v) for k, v in args.items()}
+        nl = draw(st.sampled_from(["", "\n"]))
+        body = "".join(f"<parameter={k}>{nl}{v}{nl}</parameter>\n" for k, v in texts.items())
+        return (f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>",
+                (name, texts), kind)
     encoded = draw(_json(args))
     if fmt in ("hermes", "llama3_json"):
         key = "arguments" if fmt == "hermes" or draw(st.booleans()) else "parameters"
@@ -106,7 +112,7 @@ def outputs(draw: st.DrawFn, fmt: str | None, reasoning: bool) -> Output:
         pre = draw(_PLAIN) if draw(st.integers(0, 2)) == 0 else ""
         if pre:
             kinds.append("text before calls")
-        if fmt == "hermes":
+        if fmt in ("hermes", "qwen3_xml"):
             body = draw(st.sampled_from(["", "\n"])).join(p[0] for p in pieces)
         elif fmt == "llama3_json":
             body = draw(st.sampled_from(["; ", ";"])).join(p[0] for p in pieces)

@@ -109,6 +109,21 @@ def test_llama3_json_pythonic_deepseek_v3() -> None:
     assert _calls(streamed) == _calls(whole)
 
 
+def test_qwen3_xml() -> None:
+    parser = OutputParser(tools=tool_parser("qwen3_coder"))
+    text = ("I'll look. <tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n"
+            "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+    whole = parser.extract(text)
+    assert whole.content == "I'll look."
+    assert _calls(whole) == [("get_weather", {"city": "São Paulo", "days": "3"})]
+    deltas, streamed = _run(parser, split_tokens(text, [2]))
+    assert _calls(streamed) == _calls(whole) and streamed.content == "I'll look. "
+    args = [p.arguments for d in deltas for p in d.tool_calls if p.arguments]
+    assert args[0] == "{" and len(args) > 5  # the object grows value by value
+    cut = parser.extract(text[:text.index("<parameter=days>") + 18])  # cut short
+    assert _calls(cut) == [("get_weather", {"city": "São Paulo"})]
+
+
 def test_reasoning_parsers() -> None:
     r1 = reasoning_parser_class("deepseek_r1")()
     assert r1.extract("plan</think>answer") == ("plan", "answer")  # <think> in the prompt
@@ -187,6 +202,7 @@ def test_unknown_names_and_a_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 _FORMATS = [("hermes", None), ("hermes", "qwen3"), ("llama3_json", None), ("pythonic", None),
+            ("qwen3_xml", "qwen3"),
             ("deepseek_v3", "deepseek_r1"), (None, "qwen3"), (None, "deepseek_r1")]
 
 
