@@ -50,9 +50,18 @@ def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | N
                 vocab_size=vocab_size,
                 last_engine_death=last_engine_death,
             ),
-            model_name=args.model_name, eos_token_id=eos, vocab_size=vocab_size)
+            model_name=metrics_model_name(args), eos_token_id=eos, vocab_size=vocab_size)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid engine options: {exc}") from None
+
+
+def metrics_model_name(args: argparse.Namespace) -> str:
+    """The metrics' ``model_name`` label: ``--model-name``, else the served model name as
+    vLLM labels its metrics (``--served-model-name``, ``--model``, ``--vllm-model``), else
+    ``anyio-genout``."""
+    name: str = (args.model_name or getattr(args, "served_model_name", None)
+                 or getattr(args, "model", None) or args.vllm_model or "anyio-genout")
+    return name
 
 
 def engines_hint(handshake: str, engine_count: int) -> str:

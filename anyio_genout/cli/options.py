@@ -137,8 +137,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mock-step-time", type=non_negative_float, default=0.002,
                        metavar="SECONDS",
                        help="embedded mock engine step time (default: %(default)s)")
-    group.add_argument("--model-name", default="anyio-genout", metavar="NAME",
-                       help="model_name label of the metrics (default: %(default)s)")
+    group.add_argument("--model-name", metavar="NAME",
+                       help="model_name label of the metrics (default: the served model "
+                            "name: --served-model-name, --model, --vllm-model, else "
+                            "anyio-genout)")
     group.add_argument("--vocab-size", type=positive_int, metavar="N",
                        help="refuse token ids >= N before they reach an engine (default: "
                             "the embedded mock's vocabulary, the --vllm-model's config, "

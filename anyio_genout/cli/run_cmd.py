@@ -119,7 +119,7 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
             batch = first is not None and is_batch_line(first)
             if batch and tokenizer is None:
                 raise UsageError(f"OpenAI batch lines {NO_TOKENIZER}")
-            model = str(args.model or args.vllm_model or args.model_name)
+            model = str(args.model or args.vllm_model or args.model_name or "anyio-genout")
             parser: LineParser | BatchParser = (
                 BatchParser(model) if batch else LineParser(repeated, text=text))
             if args.strict:

@@ -24,7 +24,8 @@ __all__ = ["http_url", "listen", "serve", "served_model_name"]
 
 
 def served_model_name(args: argparse.Namespace) -> str:
-    name: str = args.served_model_name or args.model or args.vllm_model or args.model_name
+    name: str = (args.served_model_name or args.model or args.vllm_model or args.model_name
+                 or "anyio-genout")
     return name
 
 

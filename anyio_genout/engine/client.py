@@ -52,7 +52,7 @@ from .connection import Connection
 from .handshake import BoundSockets
 from .health import EngineHealth, HealthListener
 from .input import EngineInput
-from .reader import DeathExplainer, OutputReader, StatsListener
+from .reader import BatchListener, DeathExplainer, OutputReader, StatsListener
 from .registry import RequestRegistry
 from .rejoin import Rejoins
 from .routing import Router, make_router
@@ -100,6 +100,7 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
             memory_blocks=config.prefix_memory_blocks))
         self._error: ClientUnhealthyError | None = None
         self._health_listeners: list[HealthListener] = []
+        self._sleep_listeners: list[Callable[[int, int], None]] = []  # UtilityCalls
         self._calls = PendingCalls(config.client_index, self._send_input,
                                    self._raise_if_unhealthy, self._down_error)
         self._aborts = AbortQueue(self._send_input, lambda: self._error is None)
@@ -218,6 +219,11 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
     def add_stats_listener(self, listener: StatsListener) -> None:
         """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
         self._reader.stats_listeners.append(listener)
+
+    def add_batch_listener(self, listener: BatchListener) -> None:
+        """Call ``listener(engine_rank, tokens)`` for every batch of outputs (``tokens``: the
+        prompt tokens computed for the open requests prefilled in it plus those generated)."""
+        self._reader.batch_listeners.append(listener)
 
     def add_death_explainer(self, explain: DeathExplainer) -> Callable[[], None]:
         """Let whoever owns engines say why one died; returns a function that unregisters.

@@ -40,7 +40,8 @@ from .registry import RequestRegistry
 from .utility_calls import PendingCalls
 from .watchers import EngineWatch
 
-__all__ = ["MAX_READ_BATCH", "DeathExplainer", "OutputReader", "StatsListener"]
+__all__ = ["MAX_READ_BATCH", "BatchListener", "DeathExplainer", "OutputReader",
+           "StatsListener"]
 
 logger = logging.getLogger("anyio_genout.engine")
 
@@ -52,6 +53,9 @@ MAX_READ_BATCH: Final = 16
 _BURST: Final = 2
 
 StatsListener = Callable[[int, SchedulerStats], None]
+#: Called with ``(engine_rank, tokens)`` per batch of outputs: the prompt tokens computed for
+#: the requests prefilled in it plus the tokens generated, of the requests still open.
+BatchListener = Callable[[int, int], None]
 #: Returns what its owner knows about an engine's death (or None); see add_death_explainer.
 DeathExplainer = Callable[[], "str | None"]
 
@@ -68,6 +72,7 @@ class OutputReader:
         self._fail = fail
         self._stopped = False
         self.stats_listeners: list[StatsListener] = []
+        self.batch_listeners: list[BatchListener] = []
         self.death_explainers: list[DeathExplainer] = []
         #: Takes data-parallel wave control (``data_parallel_waves``); None: it is fatal.
         self.wave_control: Callable[[EngineCoreOutputs], None] | None = None
@@ -184,12 +189,17 @@ class OutputReader:
         registry = self._registry
         requests = registry.requests
         learns = registry.learns  # the router wants the engines' cached-token counts
+        tokens = 0  # for the batch listeners (vllm:iteration_tokens_total)
         for output in outputs:
             entry = requests.get(output.request_id)
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
-            if learns and output.prefill_stats is not None:
-                registry.note_prefill(entry, output.prefill_stats)
+            prefill = output.prefill_stats
+            if prefill is not None:
+                tokens += prefill.num_computed_tokens
+                if learns:
+                    registry.note_prefill(entry, prefill)
+            tokens += len(output.new_token_ids)
             # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
             # It skips put_output's `closed` check because of an invariant: a mailbox still
             # in the registry is never closed. Every path that closes one (the terminal
@@ -206,6 +216,9 @@ class OutputReader:
                 box.closed = True
             if box.waiter is not None:
                 box.wake()
+        if outputs:
+            for batch_listener in self.batch_listeners:
+                batch_listener(engine, tokens)
         if finished:
             for rid in finished:
                 entry = self._registry.remove(rid)

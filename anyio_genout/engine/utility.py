@@ -14,7 +14,7 @@ died, the client closed) at once or while waiting; the consensus wrappers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import InconsistentUtilityResultsError
@@ -27,6 +27,14 @@ class UtilityCalls:
 
     async def call_utility(self, method: str, *args: Any) -> list[Any]:
         raise NotImplementedError  # pragma: no cover - provided by EngineCoreClient
+
+    _sleep_listeners: list[Callable[[int, int], None]]  # set by EngineCoreClient
+
+    def add_sleep_listener(self, listener: Callable[[int, int], None]) -> None:
+        """Call ``listener(sleep, level)`` after :meth:`sleep` succeeded (``sleep`` 1, its
+        ``level``) and after a :meth:`wake_up` every engine says left it fully awake
+        (``0, 0``), as vLLM's front end records ``vllm:engine_sleep_state``."""
+        self._sleep_listeners.append(listener)
 
     async def _consensus(self, method: str, *args: Any) -> Any:
         results = await self.call_utility(method, *args)
@@ -57,9 +65,14 @@ class UtilityCalls:
 
     async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         await self.call_utility("sleep", level, mode)
+        for listener in list(self._sleep_listeners):
+            listener(1, level)
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        await self.call_utility("wake_up", None if tags is None else list(tags))
+        results = await self.call_utility("wake_up", None if tags is None else list(tags))
+        if all(results):  # each engine says it is fully awake (vLLM 0.32's result)
+            for listener in list(self._sleep_listeners):
+                listener(0, 0)
 
     async def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
         await self.call_utility("pause_scheduler", mode, clear_cache)

@@ -90,6 +90,8 @@ class Client:
         self._metrics = Metrics(self._config.registry, model_name=self._config.model_name,
                                 max_model_len=engine.max_model_len)
         engine.add_stats_listener(self._metrics.observe_scheduler_stats)
+        engine.add_batch_listener(self._metrics.observe_iteration)
+        engine.add_sleep_listener(self._metrics.record_sleep_state)
         live = engine.live_engines
         for rank in engine.engine_ranks:
             self._metrics.set_engine_up(rank, rank in live)

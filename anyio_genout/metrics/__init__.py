@@ -10,11 +10,13 @@
 Modules: :mod:`.core` (:class:`Metrics`), :mod:`.tracker` (:class:`RequestTracker`),
 :mod:`.series` (one engine's recorded values), :mod:`.histogram` (a histogram as plain
 numbers, folded in batches), :mod:`.exposition` (the collector building the families),
-:mod:`.labels` (label names and values), :mod:`.buckets`, :mod:`.logger`.
+:mod:`.steps` (vLLM 0.32's per-step families beyond the first 27), :mod:`.labels` (label
+names and values), :mod:`.buckets`, :mod:`.logger`.
 """
 
 from .buckets import (
     INTER_TOKEN_LATENCY_BUCKETS,
+    ITERATION_TOKENS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     REQUEST_PARAMS_N_BUCKETS,
@@ -31,6 +33,7 @@ from .tracker import RequestTracker
 __all__ = [
     "FINISHED_REASONS",
     "INTER_TOKEN_LATENCY_BUCKETS",
+    "ITERATION_TOKENS_BUCKETS",
     "PROMPT_TOKEN_SOURCES",
     "REQUEST_LATENCY_BUCKETS",
     "REQUEST_NUM_PREEMPTIONS_BUCKETS",

@@ -10,7 +10,10 @@ from collections.abc import Iterable
 from typing import Final
 
 __all__ = [
+    "HTTP_DURATION_BUCKETS",
+    "HTTP_DURATION_HIGHR_BUCKETS",
     "INTER_TOKEN_LATENCY_BUCKETS",
+    "ITERATION_TOKENS_BUCKETS",
     "REQUEST_LATENCY_BUCKETS",
     "REQUEST_NUM_PREEMPTIONS_BUCKETS",
     "REQUEST_PARAMS_N_BUCKETS",
@@ -44,6 +47,22 @@ REQUEST_PARAMS_N_BUCKETS: Final[tuple[float, ...]] = (1.0, 2.0, 5.0, 10.0, 20.0)
 REQUEST_NUM_PREEMPTIONS_BUCKETS: Final[tuple[float, ...]] = (
     1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0,
 )
+
+#: ``vllm:iteration_tokens_total``: tokens per engine step (prompt tokens computed plus
+#: tokens generated).
+ITERATION_TOKENS_BUCKETS: Final[tuple[float, ...]] = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+)
+
+#: ``http_request_duration_highr_seconds`` (prometheus-fastapi-instrumentator's default, as
+#: ``vllm serve`` uses it).
+HTTP_DURATION_HIGHR_BUCKETS: Final[tuple[float, ...]] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5,
+    5.0, 7.5, 10.0, 30.0, 60.0,
+)
+
+#: ``http_request_duration_seconds`` (the instrumentator's few buckets per handler).
+HTTP_DURATION_BUCKETS: Final[tuple[float, ...]] = (0.1, 0.5, 1.0)
 
 
 def build_buckets(mantissas: Iterable[int], max_value: int) -> tuple[float, ...]:

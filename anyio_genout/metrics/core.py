@@ -24,6 +24,7 @@ from ..protocol.outputs import SchedulerStats
 from .buckets import build_1_2_5_buckets
 from .exposition import Exposition
 from .series import EngineSeries, EngineTotals
+from .steps import SleepState
 from .tracker import RequestTracker
 
 __all__ = ["Metrics"]
@@ -47,7 +48,7 @@ class Metrics:
     """
 
     __slots__ = ("_engines", "_exposition", "_max_model_len", "_migrations", "_model_name",
-                 "_registry", "_success_order", "_token_bounds", "_up")
+                 "_registry", "_sleep", "_success_order", "_token_bounds", "_up")
 
     def __init__(
         self,
@@ -66,8 +67,10 @@ class Metrics:
         self._success_order: list[tuple[EngineSeries, str]] = []
         self._up: dict[int, float] = {}
         self._migrations: dict[int, int] = {}
+        self._sleep = SleepState()
         self._exposition = Exposition(self._engines, self._token_bounds, self._success_order,
-                                      self._up, str(model_name), self._migrations)
+                                      self._up, str(model_name), self._migrations,
+                                      self._sleep)
         self._registry.register(self._exposition)
 
     @property
@@ -129,6 +132,23 @@ class Metrics:
         ``vllm:prefix_cache_hits``.
         """
         self._engine(engine_index).observe_scheduler_stats(stats)
+
+    def observe_iteration(self, engine_index: int, tokens: int) -> None:
+        """One batch of outputs from ``engine_index``: observe ``tokens`` (the prompt tokens
+        computed for the requests prefilled in it plus the tokens generated) in
+        ``vllm:iteration_tokens_total``, as vLLM does once per ``EngineCoreOutputs``."""
+        self._engine(engine_index).steps.iteration_tokens.observe(tokens)
+
+    def record_sleep_state(self, sleep: int, level: int) -> None:
+        """Set ``vllm:engine_sleep_state`` of every engine: ``sleep`` 1 after the engines
+        were put to sleep at ``level``, 0 once fully awake (vLLM's ``record_sleep_state``)."""
+        self._sleep.record(sleep, level)
+
+    @property
+    def sleep_state(self) -> dict[str, float]:
+        """``vllm:engine_sleep_state`` by ``sleep_state`` label (the same for every engine)."""
+        return dict(zip(("awake", "weights_offloaded", "discard_all"), self._sleep.values,
+                        strict=True))
 
     def set_engine_up(self, engine_index: int, up: bool) -> None:
         """Set ``anyio_genout:engine_up{engine=...}`` (ours, not vLLM's): 1 while the

@@ -26,6 +26,7 @@ from prometheus_client.utils import floatToGoString
 
 from .buckets import (
     INTER_TOKEN_LATENCY_BUCKETS,
+    ITERATION_TOKENS_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS,
     REQUEST_PARAMS_N_BUCKETS,
@@ -34,6 +35,7 @@ from .buckets import (
 from .histogram import Histogram
 from .labels import LABELS, PROMPT_TOKEN_SOURCES, WAITING_REASONS
 from .series import EngineSeries
+from .steps import SleepState, step_families
 
 __all__ = ["Exposition"]
 
@@ -88,13 +90,17 @@ class Exposition:
     families without samples) lets the registry detect name clashes without collecting.
     """
 
-    __slots__ = ("_engines", "_les", "_migrations", "_model_name", "_success_order", "_up")
+    __slots__ = ("_engines", "_iteration_les", "_les", "_migrations", "_model_name", "_sleep",
+                 "_success_order", "_up")
 
     def __init__(self, engines: dict[int, EngineSeries], token_bounds: tuple[float, ...],
                  success_order: list[tuple[EngineSeries, str]],
                  up: dict[int, float] | None = None, model_name: str = "",
-                 migrations: dict[int, int] | None = None) -> None:
+                 migrations: dict[int, int] | None = None,
+                 sleep: SleepState | None = None) -> None:
         self._engines = engines
+        self._sleep = SleepState() if sleep is None else sleep
+        self._iteration_les = (*map(floatToGoString, ITERATION_TOKENS_BUCKETS), "+Inf")
         self._success_order = success_order
         self._up = {} if up is None else up
         self._migrations = {} if migrations is None else migrations
@@ -106,11 +112,17 @@ class Exposition:
         }
 
     def describe(self) -> list[Metric]:
-        return [*self._families((), ()), self._engine_up(()), self._request_migrations(())]
+        return [*self._families((), ()),
+                *step_families((), self._sleep, self._model_name, self._iteration_les,
+                               describe=True),
+                self._engine_up(()), self._request_migrations(())]
 
     def collect(self) -> Iterator[Metric]:
         # Copies first: the event loop may add an engine or a reason meanwhile.
-        yield from self._families(tuple(self._engines.values()), tuple(self._success_order))
+        engines = tuple(self._engines.values())
+        yield from self._families(engines, tuple(self._success_order))
+        yield from step_families([(e.labels, e.steps) for e in engines], self._sleep,
+                                 self._model_name, self._iteration_les)
         yield self._engine_up(tuple(self._up.items()))
         yield self._request_migrations(tuple(self._migrations.items()))
 

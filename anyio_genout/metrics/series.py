@@ -34,6 +34,7 @@ from .buckets import (
 )
 from .histogram import Histogram
 from .labels import FINISHED_REASONS
+from .steps import StepSeries
 
 __all__ = ["FOLD_AT", "EngineSeries", "EngineTotals"]
 
@@ -111,6 +112,7 @@ class EngineSeries:
         "request_params_n",
         "request_prefill_kv_computed_tokens",
         "request_prompt_tokens",
+        "steps",
         "success",
         "time_per_output_token",
         "time_to_first_token",
@@ -165,6 +167,8 @@ class EngineSeries:
         self.request_params_n = Histogram(REQUEST_PARAMS_N_BUCKETS)
         self.request_num_preemptions = Histogram(REQUEST_NUM_PREEMPTIONS_BUCKETS)
         self.request_prefill_kv_computed_tokens = Histogram(token_bounds)
+        #: The per-step families beyond the first 27 (:mod:`.steps`).
+        self.steps = StepSeries()
         #: Finished requests' rows (:meth:`record_finished`), not yet folded in. Appending
         #: is all a finish costs the event loop; folding a batch with numpy costs a fraction
         #: of observing each value (docs/performance.md).
@@ -291,6 +295,7 @@ class EngineSeries:
         hits = stats.prefix_cache_hits
         if hits > 0:
             self.prefix_cache_hits += hits
+        self.steps.observe(hits, stats.raw)
 
     def totals(self) -> EngineTotals:
         return EngineTotals(

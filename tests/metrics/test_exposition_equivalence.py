@@ -191,4 +191,5 @@ def test_describe_lists_every_family_without_samples(max_model_len: int) -> None
     metrics.tracker(engine_index=0, arrival_time=0.0, prompt_len=1, max_tokens=None)
     collected = {(m.name, m.type) for m in metrics.registry.collect()}
     assert described == collected
-    assert len(described) == 29  # vLLM's 27, anyio_genout:engine_up and :request_migrations
+    # vLLM's 27 and 11 more of vLLM 0.32's, anyio_genout:engine_up and :request_migrations
+    assert len(described) == 40

@@ -405,11 +405,20 @@ def test_every_vllm_metric_is_exposed_once_an_engine_is_seen() -> None:
                   "request_prefill_kv_computed_tokens"]
     gauges = ["num_requests_running", "num_requests_waiting", "num_requests_waiting_by_reason",
               "kv_cache_usage_perc"]
+    # vLLM 0.32's per-step families beyond those (metrics/steps.py); all but
+    # vllm:cache_config_info, which the engines do not send (docs/metrics.md).
+    counters += ["external_prefix_cache_queries", "external_prefix_cache_hits",
+                 "mm_cache_queries", "mm_cache_hits", "prompt_tokens_cached_by_source",
+                 "admission_rejections", "estimated_flops_per_gpu",
+                 "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu"]
+    histograms += ["iteration_tokens_total"]
+    gauges += ["engine_sleep_state"]
     assert families == {
         **{f"vllm:{n}": "counter" for n in counters},
         **{f"vllm:{n}": "histogram" for n in histograms},
         **{f"vllm:{n}": "gauge" for n in gauges},
     }
+    assert len(families) == 38  # the 27, and 11 of vLLM 0.32's 12 more
 
 
 # ---------------------------------------------------------------- scheduler stats (§3.14)
