@@ -2,8 +2,9 @@
 ``--reasoning-parser``), sans I/O: text in, content, reasoning and tool calls out.
 
 * :func:`tool_parser` (``hermes``, ``qwen3_json``, ``llama3_json``, ``llama4_json``,
-  ``pythonic``, ``deepseek_v3``, or a plugin's) and :func:`reasoning_parser_class`
-  (``deepseek_r1``, ``qwen3``, or a plugin's): see :mod:`.registry`;
+  ``pythonic``, ``qwen3_xml``, ``qwen3_coder``, ``deepseek_v3``, or a plugin's) and
+  :func:`reasoning_parser_class` (``deepseek_r1``, ``qwen3``, or a plugin's): see
+  :mod:`.registry`;
 * :class:`OutputParser` puts them together with a request's ``tool_choice``:
   ``extract(text)`` for a whole output, ``stream()`` for a per-request state whose
   ``push(delta_text, delta_token_ids)`` returns each :class:`DeltaMessage`;

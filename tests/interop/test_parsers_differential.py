@@ -155,12 +155,15 @@ def _semantic(result: Result) -> Result:
     return r, c, [(n, _args(a[1]) if a[0] == "text" else a) for n, a in calls]
 
 
+W2 = "W2 text before <think>: vLLM's deepseek_r1 whole reading drops it, its stream keeps it"
+
+
 def _whole_corners(out: Output, theirs: Result, ours: Result) -> list[str]:
     corners = []
     if theirs[0] == "" and ours[0] is None:
         corners.append("W1 empty reasoning: vLLM's deepseek_r1 says '' (its stream: none)")
     if "text before <think>" in out.kinds:
-        corners.append("W2 text before <think>: vLLM's deepseek_r1 whole reading drops it, its stream keeps it")
+        corners.append(W2)
     if "multi-line arguments" in out.kinds:
         corners.append("W3 arguments over several lines: vLLM's deepseek_v3 loses the call")
     return corners
@@ -199,7 +202,7 @@ def _stream_corners(out: Output, theirs: Result, ours: Result, whole: Result) ->
     if "multi-line arguments" in out.kinds:
         corners.append("W3 arguments over several lines: vLLM's deepseek_v3 loses the call")
     if "text before <think>" in out.kinds:
-        corners.append("W2 text before <think>: vLLM's deepseek_r1 whole reading drops it, its stream keeps it")
+        corners.append(W2)
     return corners
 
 
