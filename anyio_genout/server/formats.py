@@ -60,8 +60,13 @@ class Format:
     object_chunk = ""
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
-                 n: int | None = None, constraint: str | None = None) -> None:
+                 n: int | None = None, constraint: str | None = None,
+                 prompt_logprobs: bool = False, token_ids: bool = False) -> None:
         self.id = response_id
+        #: Whether the whole response shows the prompt's logprobs.
+        self.prompt_logprobs = prompt_logprobs
+        #: Logprob tokens as ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``).
+        self.token_ids = token_ids
         self.model = model
         self.top = top
         self.n = n
@@ -107,6 +112,10 @@ class Format:
             return template[0] + encode_basestring(out.text).encode() + template[1]
         chunk = self.chunk(out, index)
         return None if chunk is None else sse_event(chunk)
+
+    def token(self, entry: TokenLogprob) -> str:
+        """A logprob entry's token as shown."""
+        return f"token_id:{entry.token_id}" if self.token_ids else entry.token
 
     def _plain(self, index: int) -> bool:
         """Whether choice ``index``'s next chunk of new text alone is the template's."""
@@ -167,8 +176,10 @@ class CompletionFormat(Format):
 
     def __init__(self, response_id: str, model: str, top: int | None, *, echo: bool = False,
                  n: int = 1, decode: Callable[[Sequence[int]], str] | None = None,
-                 constraint: str | None = None) -> None:
-        super().__init__(response_id, model, top, n=n, constraint=constraint)
+                 constraint: str | None = None, prompt_logprobs: bool = False,
+                 token_ids: bool = False) -> None:
+        super().__init__(response_id, model, top, n=n, constraint=constraint,
+                         prompt_logprobs=prompt_logprobs, token_ids=token_ids)
         self._offsets: dict[int, int] = {}  # by choice index
         self._echo = echo
         self._echoed: set[int] = set()  # the streamed choices whose prompt was sent
@@ -193,10 +204,10 @@ class CompletionFormat(Format):
             sampled = row[0]
             offsets.append(offset)
             offset += len(sampled.token)
-            tokens.append(sampled.token)
+            tokens.append(self.token(sampled))
             values.append(max(sampled.logprob, -9999.0))  # -inf as vLLM shows it
-            tops.append({e.token: max(e.logprob, -9999.0) for e in row[: self.top + 1]}
-                        if self.top else None)
+            # logprobs=0 shows the sampled token's entry alone, as vLLM's does.
+            tops.append({self.token(e): max(e.logprob, -9999.0) for e in row[: self.top + 1]})
         self._offsets[index] = offset
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
                 "top_logprobs": tops}
@@ -261,8 +272,8 @@ class CompletionFormat(Format):
         if self._echo:
             text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
                                            out.prompt_token_ids, out.prompt_logprobs)
-            if self.top is not None:
-                prompt_logprobs = _prompt_logprobs(out.prompt_logprobs)
+        if self.prompt_logprobs or (self._echo and self.top is not None):
+            prompt_logprobs = _prompt_logprobs(out.prompt_logprobs)
         choice = self._choice(text, rows, out.finish_reason, index)
         choice["prompt_logprobs"] = prompt_logprobs
         return choice
@@ -276,26 +287,49 @@ def _prompt_logprobs(rows: list[list[TokenLogprob]] | None) -> list[Any]:
                     for row in rows or ())]
 
 
-def _entry(entry: TokenLogprob) -> dict[str, Any]:
-    return {"token": entry.token, "logprob": entry.logprob,
-            "bytes": list(entry.token.encode("utf-8"))}
-
-
 class ChatFormat(Format):
+    """``/v1/chat/completions`` responses; with ``echo_text`` (chat ``echo``) each answer
+    begins with it (a chunk of its own after the role's, when streamed, as vLLM sends it)."""
+
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
+
+    def __init__(self, response_id: str, model: str, top: int | None, *,
+                 constraint: str | None = None, prompt_logprobs: bool = False,
+                 token_ids: bool = False, echo_text: str | None = None) -> None:
+        super().__init__(response_id, model, top, constraint=constraint,
+                         prompt_logprobs=prompt_logprobs, token_ids=token_ids)
+        self._echo_text = echo_text or ""
+
+    def _entry(self, entry: TokenLogprob) -> dict[str, Any]:
+        token = self.token(entry)
+        return {"token": token, "logprob": entry.logprob, "bytes": list(token.encode("utf-8"))}
 
     def _logprobs(self, rows: list[list[TokenLogprob]] | None) -> dict[str, Any] | None:
         if self.top is None or rows is None:
             return None
-        return {"content": [{**_entry(row[0]),
-                             "top_logprobs": [_entry(e) for e in row[1: self.top + 1]]}
+        return {"content": [{**self._entry(row[0]),
+                             "top_logprobs": [self._entry(e) for e in row[1: self.top + 1]]}
                             for row in rows]}
 
     def first_chunks(self, n: int) -> list[dict[str, Any]]:
-        return [self.envelope(self.object_chunk, [
+        first = [self.envelope(self.object_chunk, [
             {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
              "finish_reason": None}]) for i in range(n)]
+        if self._echo_text:
+            first += [self.envelope(self.object_chunk, [
+                {"index": i, "delta": {"content": self._echo_text}, "logprobs": None,
+                 "finish_reason": None}]) for i in range(n)]
+        return first
+
+    def whole(self, outs: list[CollectedTextOutput]) -> dict[str, Any]:
+        """See :meth:`Format.whole`; with ``prompt_logprobs``, vLLM's top-level
+        ``prompt_logprobs`` (the first choice's prompt)."""
+        body = super().whole(outs)
+        if self.prompt_logprobs:
+            body["prompt_logprobs"] = _prompt_logprobs(outs[0].prompt_logprobs) if outs \
+                else None
+        return body
 
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
@@ -309,6 +343,7 @@ class ChatFormat(Format):
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         finish, stop = self._finish(out.finish_reason)
-        return {"index": index, "message": {"role": "assistant", "content": out.text},
+        return {"index": index, "message": {"role": "assistant",
+                                            "content": self._echo_text + out.text},
                 "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
                 "stop_reason": stop}

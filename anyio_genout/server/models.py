@@ -2,7 +2,9 @@
 
 Validation happens here (types, ranges) and in the text and generate layers (everything
 else, named by :class:`~anyio_genout.InvalidRequestError`); both answer 400 naming the
-field. Unknown fields are ignored, as OpenAI's and vLLM's servers do.
+field. The two generation bodies keep the fields they do not declare (``model_extra``)
+for :func:`~.fields.check_fields`: vLLM's fields we refuse answer 400, unknown ones are
+logged and ignored, as vLLM's server does.
 """
 
 from __future__ import annotations
@@ -65,10 +67,16 @@ class _Sampling(_Body):
     response_format: ResponseFormat | None = None
     #: vLLM's extension: the fields of its StructuredOutputsParams (checked on entering).
     structured_outputs: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=-1)
+    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: ``prompt`` is a string, token ids, or a list of one."""
+
+    model_config = ConfigDict(extra="allow")
 
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
@@ -80,12 +88,20 @@ class CompletionRequest(_Sampling):
 class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``: ``messages`` go through the model's chat template."""
 
+    model_config = ConfigDict(extra="allow")
+
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0)
     add_generation_prompt: bool = True
+    #: The last message's content first in the answer (when it has the answer's role).
+    echo: bool = False
+    continue_final_message: bool = False
+    #: Encode the rendered prompt with the tokenizer's special tokens too (vLLM: False).
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     #: vLLM's request template: refused unless the server trusts request templates.
     chat_template: str | None = None

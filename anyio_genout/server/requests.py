@@ -17,11 +17,15 @@ from ..errors import GenoutError
 from ..protocol import SamplingParams, StructuredOutputsParams
 from ..text.request import TextRequest
 from .errors import ApiError, error_for
+from .fields import check_fields
 from .formats import ChatFormat, CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
            "check_unicode", "choices", "completion_choices", "template_kwargs"]
+
+#: Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
+_GREEDY = 1e-5
 
 #: The sampling fields passed on as they are when the request sets them.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -93,6 +97,31 @@ def _structured(body: CompletionRequest | ChatCompletionRequest
     return StructuredOutputsParams(json=form.json_schema.json_schema)
 
 
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """vLLM's ``logit_bias``: token ids as strings, biases clamped to [-100, 100]."""
+    if bias is None:
+        return None
+    found: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(400, f"invalid request: logit_bias: Invalid key in logit_bias: "
+                           f"{key!r} is not a token id", "logit_bias") from None
+        found[token] = min(100.0, max(-100.0, value))
+    return found
+
+
+def _check_body(body: CompletionRequest | ChatCompletionRequest, *, chat: bool) -> None:
+    """The checks vLLM's request models make across fields (and :func:`check_fields`)."""
+    check_fields(body.model_extra, chat=chat)
+    if body.prompt_logprobs is not None and body.stream and body.prompt_logprobs != 0:
+        raise ApiError(400, "invalid request: prompt_logprobs: `prompt_logprobs` are not "
+                       "available when `stream=True`.", "prompt_logprobs")
+    if body.n > 1 and body.temperature is not None and body.temperature < _GREEDY:
+        raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}.", "n")
+
+
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
               logprobs: int | None) -> SamplingParams:
     given = {name: getattr(body, name) for name in _SAMPLING if getattr(body, name) is not None}
@@ -100,6 +129,9 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int |
         return SamplingParams(max_tokens=max_tokens, min_tokens=body.min_tokens,
                               ignore_eos=body.ignore_eos, logprobs=logprobs,
                               stop_token_ids=tuple(body.stop_token_ids or ()),
+                              logit_bias=_logit_bias(body.logit_bias),
+                              allowed_token_ids=body.allowed_token_ids,
+                              prompt_logprobs=body.prompt_logprobs,
                               structured_outputs=_structured(body), **given)
     except (TypeError, ValueError) as exc:
         raise ApiError(400, f"invalid sampling parameters: {exc}") from None
@@ -187,14 +219,23 @@ class Choices:
     chat: bool = False
     #: The field of the body's structured-output constraint (None: it has none).
     constraint: str | None = None
+    #: Whether the whole response shows the prompt's logprobs (``prompt_logprobs``).
+    prompt_logprobs: bool = False
+    #: Logprob tokens shown as ``token_id:<id>`` (``return_tokens_as_token_ids``).
+    token_ids: bool = False
+    #: Chat ``echo``: the text the answer begins with (None: no echo).
+    echo_text: str | None = None
 
     def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
         """The response format (``decode`` gives the echoed text of token-id prompts)."""
         if self.chat:
             return ChatFormat(self.response_id, model, self.logprobs,
-                              constraint=self.constraint)
+                              constraint=self.constraint, prompt_logprobs=self.prompt_logprobs,
+                              token_ids=self.token_ids, echo_text=self.echo_text)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
-                                n=self.n, decode=decode, constraint=self.constraint)
+                                n=self.n, decode=decode, constraint=self.constraint,
+                                prompt_logprobs=self.prompt_logprobs,
+                                token_ids=self.token_ids)
 
 
 def _constraint(body: CompletionRequest | ChatCompletionRequest) -> str | None:
@@ -220,6 +261,7 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
     ``max_n`` choices), ``prompt[i]``, ``max_tokens``, ...
     """
     check_unicode(body.prompt, "prompt")
+    _check_body(body, chat=False)
     check_n(body.n, max_n)
     if max_model_len is not None:
         check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
@@ -231,7 +273,8 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
     request_id = _request_id("cmpl", body)
     params = _sampling(body, body.max_tokens, body.logprobs)
     if body.echo and body.logprobs is not None:
-        params = attrs.evolve(params, prompt_logprobs=body.logprobs)
+        params = attrs.evolve(params, prompt_logprobs=max(body.logprobs,
+                                                          body.prompt_logprobs or 0))
     several = len(prompts) > 1
     requests: list[TextRequest] = []
     for p, (prompt, ids) in enumerate(prompts):
@@ -246,7 +289,9 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
             add_special_tokens=body.add_special_tokens if prompt is not None else None)
         requests.extend(choices(request, body.n))
     return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo,
-                   constraint=_constraint(body))
+                   constraint=_constraint(body),
+                   prompt_logprobs=body.prompt_logprobs is not None,
+                   token_ids=bool(body.return_tokens_as_token_ids))
 
 
 def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None,
@@ -255,13 +300,46 @@ def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int 
     at most ``max_n``, ``max_completion_tokens`` and ``max_tokens`` at most
     ``max_model_len`` (None: not checked here), a request's own chat template only if
     ``trust_request_chat_template``. Raises ApiError (400) naming the field."""
+    _check_body(body, chat=True)
     check_n(body.n, max_n)
     if max_model_len is not None:
         check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
         check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
     request = chat_request(body, trust_request_chat_template=trust_request_chat_template)
     return Choices(request.request_id, choices(request, body.n), body.n,
-                   request.sampling_params.logprobs, chat=True, constraint=_constraint(body))
+                   request.sampling_params.logprobs, chat=True, constraint=_constraint(body),
+                   prompt_logprobs=body.prompt_logprobs is not None,
+                   token_ids=bool(body.return_tokens_as_token_ids),
+                   echo_text=_echo_text(body) if body.echo else None)
+
+
+def _echo_text(body: ChatCompletionRequest) -> str:
+    """vLLM's chat ``echo``: the last message's content, when its role is the answer's
+    (``assistant`` with a generation prompt, else the last message's own)."""
+    last = body.messages[-1]
+    role = "assistant" if body.add_generation_prompt else last.get("role")
+    content = last.get("content")
+    if last.get("role") != role or not content:
+        return ""
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return content if isinstance(content, str) else ""
+
+
+def _chat_kwargs(body: ChatCompletionRequest, kwargs: dict[str, Any] | None
+                 ) -> dict[str, Any] | None:
+    """The template variables with ``documents`` and ``continue_final_message`` put in;
+    raises ApiError (400) for ``continue_final_message`` with ``add_generation_prompt``."""
+    if body.continue_final_message:
+        if body.add_generation_prompt:
+            raise ApiError(400, "invalid request: continue_final_message: Cannot set both "
+                           "`continue_final_message` and `add_generation_prompt` to True.",
+                           "continue_final_message")
+        kwargs = {**(kwargs or {}), "continue_final_message": True}
+    if body.documents is not None:
+        kwargs = {**(kwargs or {}), "documents": body.documents}
+    return kwargs
 
 
 def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bool = False
@@ -283,4 +361,6 @@ def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bo
         stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens,
-        add_generation_prompt=body.add_generation_prompt, chat_template_kwargs=kwargs)
+        add_generation_prompt=body.add_generation_prompt,
+        add_special_tokens=body.add_special_tokens,
+        chat_template_kwargs=_chat_kwargs(body, kwargs))

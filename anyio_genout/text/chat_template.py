@@ -32,7 +32,7 @@ from ..errors import ChatTemplateError, InvalidRequestError
 from .template_sandbox import BudgetedEnvironment, RenderLimitError, budget
 
 #: The message roles accepted (what the template makes of them is the template's business).
-ROLES: Final = ("system", "user", "assistant", "tool")
+ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 #: How many compiled templates are kept.
 CACHE_SIZE: Final = 32
 #: Seconds one rendering may take before it is stopped (a model's template takes
@@ -145,6 +145,8 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
             (``"value"``) is larger than allowed; it was stopped and its result dropped.
     """
     template = compile_template(source)
+    variables = dict(variables)
+    continue_final = bool(variables.pop("continue_final_message", False))
     context = {"tools": None, "documents": None, **variables, "messages": messages,
                "add_generation_prompt": add_generation_prompt}
     limit = MAX_RENDERED_CHARS if max_chars is None else min(max_chars, MAX_RENDERED_CHARS)
@@ -157,16 +159,35 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
                 check_output(size)
                 parts.append(chunk)
             check_output(size)  # a result that came after the deadline is dropped
-            return "".join(parts)
+            rendered = "".join(parts)
     except RenderLimitError:
         raise
     except Exception as exc:
-        line = _template_line(exc)
-        where = f" at line {line}{_source_line(source, line)}" if line is not None else ""
-        what = str(exc) if isinstance(exc, jinja2.TemplateError) \
-            else f"{type(exc).__name__}: {exc}"
-        raise ChatTemplateError(f"chat template raised an error{where}: {what}",
-                                line=line) from exc
+        raise _render_error(source, exc) from exc
+    return _continue_final(rendered, messages) if continue_final else rendered
+
+
+def _continue_final(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
+    """``rendered`` cut after the last message's content (transformers'
+    ``continue_final_message``): the model goes on with that message, no end of turn."""
+    final = messages[-1].get("content") if messages else None
+    text = final.strip() if isinstance(final, str) else ""
+    if not text or text not in rendered:
+        raise ChatTemplateError("continue_final_message is set but the final message does "
+                                "not appear in the chat after applying the chat template")
+    at = rendered.rindex(text)
+    assert isinstance(final, str)
+    if rendered[at:].strip() == text:
+        return rendered[:at] + final.lstrip()
+    return rendered[:at + len(text)]
+
+
+def _render_error(source: str, exc: Exception) -> ChatTemplateError:
+    line = _template_line(exc)
+    where = f" at line {line}{_source_line(source, line)}" if line is not None else ""
+    what = str(exc) if isinstance(exc, jinja2.TemplateError) \
+        else f"{type(exc).__name__}: {exc}"
+    return ChatTemplateError(f"chat template raised an error{where}: {what}", line=line)
 
 
 def _content_text(index: int, content: Any) -> str:

@@ -61,7 +61,9 @@ class TextRequest:
     * ``add_special_tokens``: encode the prompt with the tokenizer's special tokens (BOS);
       None means True for ``prompt`` and False for ``messages`` (the chat template adds its
       own), as vLLM does. ``add_generation_prompt`` and ``chat_template_kwargs`` go to the
-      chat template.
+      chat template; the key ``continue_final_message`` (True) is transformers': the
+      rendered prompt is cut after the last message's content, for the model to go on
+      with it.
 
     ``request_id`` (default: ``"text-"`` and random hex), ``arrival_time``, ``cache_salt``,
     ``trace_headers``, ``priority``, ``data_parallel_rank`` and ``lora_request`` pass to the

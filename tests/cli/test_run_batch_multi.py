@@ -23,18 +23,18 @@ pytestmark = pytest.mark.anyio
 OTHER = "The lighthouse keeper"
 
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "n": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "temperature": 0.0, "n": 2}),
+    "n": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 5, "seed": 3, "n": 2}),
     "seeded": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "n": 3, "seed": 11}),
     "echo": ("/v1/completions", {"prompt": [5, 17, 300, 42], "max_tokens": 4,
                                  "temperature": 0.0, "echo": True}),
     "echo-logprobs": ("/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
                                           "temperature": 0.0, "echo": True, "logprobs": 2}),
     "prompts": ("/v1/completions", {"prompt": [PROMPT, OTHER], "n": 2, "max_tokens": 4,
-                                    "temperature": 0.0, "echo": True, "logprobs": 1}),
+                                    "seed": 3, "echo": True, "logprobs": 1}),
     "id-prompts": ("/v1/completions", {"prompt": [[5, 17, 300], [42, 7]], "max_tokens": 3,
                                        "temperature": 0.0}),
     "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi there"}],
-                                      "max_tokens": 4, "temperature": 0.0, "n": 2,
+                                      "max_tokens": 4, "seed": 3, "n": 2,
                                       "logprobs": True, "top_logprobs": 1}),
     "too-many": ("/v1/completions", {"prompt": [PROMPT] * 9, "n": 2, "max_tokens": 2}),
 }

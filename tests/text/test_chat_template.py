@@ -191,7 +191,7 @@ def test_additional_chat_templates_are_named_by_file(tmp_path: Path) -> None:
     (["hi"], "messages[0]", "must be an object"),
     ([{"content": "x"}], "messages[0].role", "is missing"),
     ([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}],
-     "messages[1].role", "must be one of system, user, assistant, tool, not 'robot'"),
+     "messages[1].role", "must be one of system, developer, user, assistant, tool, not 'robot'"),
     ([{"role": "user", "content": 7}], "messages[0].content", "must be a string, a list"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
      "messages[0].content[0]", "only text parts"),

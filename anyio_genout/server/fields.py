@@ -1,0 +1,186 @@
+"""Every field of vLLM 0.32's completions and chat completions bodies and responses, classified.
+
+A request field is :data:`IMPLEMENTED` (as vLLM does it), :data:`IGNORED` (accepted and
+without effect, because vLLM's server ignores it too on a plain text model), or
+:data:`REFUSED` (a 400 naming the field, "not supported", when it is given a value other
+than vLLM's default). A field in neither of vLLM's models is ignored with a logged
+warning, as vLLM's ``OpenAIBaseModel`` does. ``tests/interop/test_field_table.py`` fails
+when vLLM has a field this table does not name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from .errors import ApiError
+
+__all__ = ["CHAT_ONLY", "COMPLETION_ONLY", "IGNORED", "IMPLEMENTED", "REFUSED", "REQUEST_FIELDS",
+           "RESPONSE_FIELDS", "check_fields", "counts"]
+
+_log = logging.getLogger("anyio_genout.server")
+
+IMPLEMENTED: Final = "implemented"
+IGNORED: Final = "ignored"
+REFUSED: Final = "refused"
+Kind = Literal["implemented", "ignored", "refused"]
+
+_I: Final = IMPLEMENTED
+_G: Final = IGNORED
+_R: Final = REFUSED
+
+#: Request fields: (kind, why). Both routes unless in COMPLETION_ONLY or CHAT_ONLY.
+REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
+    "model": (_I, "checked against the served model name"),
+    "prompt": (_I, "a string, token ids, or a list of several"),
+    "messages": (_I, "through the chat template; roles system, developer, user, assistant, tool"),
+    "stream": (_I, "server-sent events"),
+    "stream_options": (_I, "include_usage"),
+    "n": (_I, "child requests; n > 1 refused with temperature 0 as vLLM does"),
+    "temperature": (_I, ""), "top_p": (_I, ""), "top_k": (_I, ""), "min_p": (_I, ""),
+    "seed": (_I, ""), "presence_penalty": (_I, ""), "frequency_penalty": (_I, ""),
+    "repetition_penalty": (_I, ""), "min_tokens": (_I, ""), "ignore_eos": (_I, ""),
+    "stop": (_I, "stop strings"), "stop_token_ids": (_I, ""),
+    "max_tokens": (_I, ""), "max_completion_tokens": (_I, ""),
+    "logprobs": (_I, "logprobs=0 shows the sampled token's entry"),
+    "top_logprobs": (_I, ""),
+    "prompt_logprobs": (_I, "in the whole response; refused with stream as vLLM does"),
+    "logit_bias": (_I, "token id (as a string) to bias, clamped to [-100, 100] as vLLM"),
+    "allowed_token_ids": (_I, ""),
+    "echo": (_I, "completions: the prompt first; chat: the last message's content first"),
+    "add_generation_prompt": (_I, "passed to the chat template"),
+    "continue_final_message": (_I, "no generation prompt, cut after the last message"),
+    "documents": (_I, "the chat template's documents variable"),
+    "chat_template": (_I, "only with --trust-request-chat-template"),
+    "chat_template_kwargs": (_I, "template variables"),
+    "add_special_tokens": (_I, ""),
+    "skip_special_tokens": (_I, ""), "spaces_between_special_tokens": (_I, ""),
+    "include_stop_str_in_output": (_I, ""),
+    "request_id": (_I, "the response id and the engine's request id"),
+    "response_format": (_I, "structured outputs"),
+    "structured_outputs": (_I, "vLLM's structured outputs parameters"),
+    "return_tokens_as_token_ids": (_I, "logprob tokens as 'token_id:<id>'"),
+    "user": (_G, "vLLM ignores it too"),
+    "priority": (_G, "vLLM refuses a non-zero priority unless its priority scheduling is on; "
+                 "we accept and ignore it"),
+    "parallel_tool_calls": (_G, "without tools it has no effect (vLLM likewise)"),
+    "include_reasoning": (_G, "no reasoning parser is served: no effect, as in vLLM"),
+    "stream_interval": (_G, "a delivery pacing hint; every token is sent as it comes"),
+    "mm_payload": (_G, "only for multimodal outputs, which a text model has none of"),
+    "routed_experts_prompt_start": (_G, "only with routed experts capture, not served"),
+    "length_penalty": (_G, "beam search only; use_beam_search is refused"),
+    "bad_words": (_R, "needs the prompt-side tokenizer in the request path (not done)"),
+    "truncate_prompt_tokens": (_R, "prompt truncation is not done"),
+    "truncation_side": (_R, "prompt truncation is not done"),
+    "tools": (_R, "tool calls are not wired (parsers/ exists)"),
+    "tool_choice": (_R, "tool calls are not wired; 'none' is accepted"),
+    "reasoning_effort": (_R, "reasoning is not wired"),
+    "thinking_token_budget": (_R, "reasoning is not wired"),
+    "use_beam_search": (_R, "beam search is not implemented"),
+    "suffix": (_R, "vLLM refuses it too"),
+    "prompt_embeds": (_R, "no embeddings input"),
+    "cache_salt": (_R, "not passed to the engine by the server"),
+    "kv_transfer_params": (_R, "disaggregated prefill is not supported"),
+    "ec_transfer_params": (_R, "disaggregated encoders are not supported"),
+    "vllm_xargs": (_R, "engine extension arguments are not passed"),
+    "logprob_token_ids": (_R, "logprobs of chosen token ids are not supported"),
+    "return_token_ids": (_R, "token ids in the response are not sent"),
+    "return_token_offsets": (_R, "token offsets in the response are not sent"),
+    "return_prompt_text": (_R, "the prompt text in the response is not sent"),
+    "return_mm_kwargs": (_R, "no multimodal inputs"),
+    "media_io_kwargs": (_R, "no multimodal inputs"),
+    "mm_processor_kwargs": (_R, "no multimodal inputs"),
+    "repetition_detection": (_R, "not supported"),
+    "watermarking": (_R, "not supported"),
+    "session_id": (_R, "sessions are not supported"),
+}
+
+COMPLETION_ONLY: Final = frozenset({"prompt", "suffix", "prompt_embeds"})
+CHAT_ONLY: Final = frozenset({
+    "messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
+    "continue_final_message", "documents", "chat_template", "chat_template_kwargs", "tools",
+    "tool_choice", "parallel_tool_calls", "include_reasoning", "reasoning_effort",
+    "media_io_kwargs", "mm_processor_kwargs", "return_prompt_text"})
+
+#: Values of a refused field that mean "not used" (vLLM's defaults), so accepted.
+_HARMLESS: Final[Mapping[str, tuple[Any, ...]]] = {
+    "bad_words": ([],), "tool_choice": ("none",), "use_beam_search": (False,),
+    "return_token_offsets": (False,), "return_token_ids": (False,),
+    "return_prompt_text": (False,), "return_mm_kwargs": (False,), "tools": ([],),
+}
+
+#: Response fields (the whole response, its choices, the stream's chunks and choices): sent,
+#: or not sent (why). Keys are "Model.field" with vLLM's model names.
+RESPONSE_FIELDS: Final[Mapping[str, str]] = {
+    **{f"{m}.{f}": "sent" for m in ("CompletionResponse", "CompletionStreamResponse",
+                                     "ChatCompletionResponse", "ChatCompletionStreamResponse")
+       for f in ("id", "object", "created", "model", "choices", "usage")},
+    **{f"{m}.{f}": "not sent: vLLM sends None unless asked for it" for m in (
+        "CompletionResponse", "CompletionStreamResponse", "ChatCompletionResponse",
+        "ChatCompletionStreamResponse") for f in ("system_fingerprint", "metrics")},
+    **{f"{m}.{f}": "not sent: the request fields that ask for them are refused" for m, f in (
+        ("CompletionResponse", "kv_transfer_params"), ("CompletionResponse", "ec_transfer_params"),
+        ("ChatCompletionResponse", "kv_transfer_params"),
+        ("ChatCompletionResponse", "ec_transfer_params"),
+        ("ChatCompletionResponse", "prompt_token_ids"), ("ChatCompletionResponse", "prompt_text"),
+        ("ChatCompletionStreamResponse", "prompt_token_ids"),
+        ("ChatCompletionStreamResponse", "prompt_text"),
+        ("CompletionResponseChoice", "prompt_token_ids"),
+        ("CompletionResponseChoice", "token_ids"),
+        ("CompletionResponseStreamChoice", "prompt_token_ids"),
+        ("CompletionResponseStreamChoice", "token_ids"),
+        ("ChatCompletionResponseChoice", "token_ids"),
+        ("ChatCompletionResponseStreamChoice", "token_ids"))},
+    **{f"{m}.{f}": "not sent: no routed experts capture" for m in (
+        "CompletionResponseChoice", "ChatCompletionResponseChoice") for f in ("routed_experts",)},
+    **{f"{m}.service_tier": "not sent (None in vLLM)" for m in (
+        "CompletionResponse", "ChatCompletionResponse")},
+    "ChatCompletionResponse.prompt_logprobs": "sent",
+    "CompletionResponseChoice.prompt_logprobs": "sent",
+    **{f"{m}.{f}": "sent" for m, fs in (
+        ("CompletionResponseChoice", ("index", "text", "logprobs", "finish_reason",
+                                      "stop_reason")),
+        ("CompletionResponseStreamChoice", ("index", "text", "logprobs", "finish_reason",
+                                            "stop_reason")),
+        ("ChatCompletionResponseChoice", ("index", "message", "logprobs", "finish_reason",
+                                          "stop_reason")),
+        ("ChatCompletionResponseStreamChoice", ("index", "delta", "logprobs",
+                                                "finish_reason", "stop_reason")))
+       for f in fs},
+}
+
+
+def _route_fields(chat: bool) -> set[str]:
+    other = COMPLETION_ONLY if chat else CHAT_ONLY
+    return {name for name in REQUEST_FIELDS if name not in other}
+
+
+def counts() -> dict[str, int]:
+    """How many request fields (of both routes, each once) are of each kind."""
+    found = {IMPLEMENTED: 0, IGNORED: 0, REFUSED: 0}
+    for kind, _ in REQUEST_FIELDS.values():
+        found[kind] += 1
+    return found
+
+
+def check_fields(extra: Mapping[str, Any] | None, *, chat: bool) -> None:
+    """Check the fields of a body that its pydantic model did not take (``extra``): a
+    refused one set to anything but its default answers 400 naming it; an ignored one
+    passes; an unknown one (or one of the other route's) is logged and ignored, as vLLM does.
+
+    Raises:
+        ApiError: (400) a refused field is given, named as ``param``.
+    """
+    unknown: list[str] = []
+    route = _route_fields(chat)
+    for name, value in (extra or {}).items():
+        if name not in route:
+            unknown.append(name)
+            continue
+        kind, why = REQUEST_FIELDS[name]
+        if kind == REFUSED and value is not None and value not in _HARMLESS.get(name, ()):
+            raise ApiError(400, f"invalid request: {name}: not supported ({why})", name)
+    if unknown:
+        _log.warning("The following fields were present in the request but ignored: %s",
+                     sorted(unknown))
