@@ -81,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .serve_workers import read_worker_spec
 
         args = read_worker_spec(sys.stdin.buffer)
+    elif argv and argv[0] == "serve":  # vLLM's engine flags: passed on or refused
+        from .vllm_flags import split_engine_flags
+
+        rest, engine_flags = split_engine_flags(argv[1:])
+        args = build_parser().parse_args([argv[0], *rest])
+        args.engine_flags = engine_flags
     else:
         args = build_parser().parse_args(argv)
     require_backend(f"anyio-genout {argv[0]}", args.backend)

@@ -103,8 +103,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                             "(`vllm serve ... --headless --data-parallel-address HOST "
                             "--data-parallel-rpc-port PORT`); ipc://PATH works too "
                             "(default: none, an embedded mock engine)")
-    group.add_argument("--engine-count", type=positive_int, default=1, metavar="N",
-                       help="number of engines (data-parallel ranks) to wait for "
+    group.add_argument("--data-parallel-size", "--engine-count", dest="engine_count",
+                       type=positive_int, default=1, metavar="N",
+                       help="number of engines (data-parallel ranks) to wait for or start "
                             "(default: %(default)s)")
     group.add_argument("--advertised-host", default="127.0.0.1", metavar="HOST",
                        help="address engines use to reach this client's sockets "

@@ -57,7 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "run", help="run a JSONL file of requests and write JSONL results",
         description=__doc__.split("\n", 2)[2].replace("``", "`") if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("input", help="JSONL file of requests ('-' for stdin)")
+    parser.add_argument("input", nargs="?", help="JSONL file of requests ('-' for stdin); "
+                        "or -i, as `vllm run-batch` takes it")
+    parser.add_argument("-i", "--input-file", metavar="FILE",
+                        help="the same as the positional INPUT, spelled as `vllm run-batch "
+                             "-i` (give one of them; default: none)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE",
                         help="JSONL file for the results, rewritten unless --resume; '-' "
                              "writes them to stdout (progress and summary stay on stderr) "
@@ -87,6 +91,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 async def run(args: argparse.Namespace) -> int:
     if args.resume and args.output == "-":
         raise UsageError("--resume needs an output file (it reads what an earlier run wrote)")
+    if (args.input is None) == (args.input_file is None):
+        raise UsageError("give the input file once: INPUT or -i/--input-file")
+    args.input = args.input if args.input is not None else args.input_file
     source = open_input(args.input)
     try:
         if args.strict and not source.seekable():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
 from ..errors import UsageError
 from .backends import extra_message, importable
 from .options import add_engine_options
-from .serve_http import http_url, listen, serve
+from .serve_http import http_url, listen, listen_unix, serve
+from .serve_vllm import add_http_options, check_vllm_args
 from .text_model import add_model_option, load_tokenizer
 
 __all__ = ["add_parser", "run"]
@@ -25,6 +27,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "(pip install 'anyio-genout[server]'). Runs until SIGINT (exit 130) or "
                     "SIGTERM (a drain, see --shutdown-timeout; exit 0), or until no engine "
                     "is left (exit 1).")
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                        help="as `vllm serve MODEL`: the model folder; it gives the "
+                             "tokenizer (--model) and the served name, and without "
+                             "--data-parallel-address or --handshake-address it is also "
+                             "--vllm-model (managed engines run it) (default: none)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000,
@@ -38,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="what the key guards: 'v1', vLLM's scope (/v1/...; /metrics, "
                              "/tokenize, /detokenize and /health open), or 'all' (every "
                              "route but /health, /ping and /version) (default: %(default)s)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
+    parser.add_argument("--api-server-count", "--workers", dest="workers", type=int,
+                        default=1, metavar="N",
                         help="server processes sharing the listening socket and the engines "
                              "(each engine gets one input and one output address per "
                              "process, as with vLLM's --api-server-count; default: "
@@ -46,6 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: "
                              "the --model or --vllm-model argument, else --model-name)")
+    add_http_options(parser)
     limits = parser.add_argument_group("limits (hostile clients)")
     limits.add_argument("--max-body-size", type=int, default=1 << 20, metavar="BYTES",
                         help="largest request body; a larger one is 413 (default: "
@@ -92,9 +101,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def check_serve_args(args: argparse.Namespace) -> None:
-    """Refuse bad options before anything starts; raises :class:`UsageError`."""
+    """Refuse bad options before anything starts, and resolve vLLM's spellings (the
+    positional model, the data-parallel address); raises :class:`UsageError`."""
     if not (importable("fastapi") and importable("hypercorn")):
         raise UsageError(extra_message("anyio-genout serve", "server"))
+    check_vllm_args(args)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
     if args.api_key == "":
@@ -124,8 +135,15 @@ async def run(args: argparse.Namespace) -> int:
         from .serve_workers import supervise  # imports the engine handshake only if used
 
         return await supervise(args, tokenizer)
+    if args.uds is not None:
+        sock = listen_unix(args.uds)
+        try:
+            return await serve(args, tokenizer, sock.detach(), announce=f"unix:{args.uds}")
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.uds)
     sock = listen(args.host, args.port)
-    url = http_url(sock)
+    url = http_url(sock, tls=args.ssl_certfile is not None)
     return await serve(args, tokenizer, sock.detach(), announce=url)  # Hypercorn owns it
 
 

@@ -4,8 +4,10 @@ engines (``anyio-genout serve``, and each worker of ``serve --workers``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +22,7 @@ from ..text.tokenizer import Tokenizer
 from .engines import ClientSession, WorkerSockets
 from .serve_lifecycle import Lifecycle, hypercorn_logger, rejoin_timeout, watch_engines
 
-__all__ = ["http_url", "listen", "serve", "served_model_name"]
+__all__ = ["http_url", "listen", "listen_unix", "serve", "served_model_name"]
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -44,9 +46,26 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
-def http_url(sock: socket.socket) -> str:
+def listen_unix(path: str) -> socket.socket:
+    """The listening Unix domain socket of ``--uds`` (a stale socket file there is
+    replaced). Raises :class:`UsageError` if it cannot be bound."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        if os.path.exists(path) and stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {path}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def http_url(sock: socket.socket, *, tls: bool = False) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
@@ -77,6 +96,8 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
     config.errorlog = hypercorn_logger()
     config.keep_alive_timeout = args.keep_alive_timeout
     config.read_timeout = args.read_timeout
+    config.certfile, config.keyfile = args.ssl_certfile, args.ssl_keyfile
+    config.root_path = args.root_path or ""
     lifecycle = Lifecycle(config, args.shutdown_timeout)
     serving = False
 
@@ -115,6 +136,13 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              body_timeout=args.body_timeout,
                              trust_request_chat_template=args.trust_request_chat_template)
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
+            if args.allowed_origins:  # outermost: a preflight needs no key (as vLLM)
+                from starlette.middleware.cors import CORSMiddleware
+
+                app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins,
+                                   allow_methods=args.allowed_methods,
+                                   allow_headers=args.allowed_headers,
+                                   allow_credentials=args.allow_credentials)
             if announce is not None:
                 print(f"serving {served_model_name(args)!r} on {announce}", file=sys.stderr,
                       flush=True)

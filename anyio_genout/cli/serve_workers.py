@@ -120,7 +120,7 @@ async def supervise(args: argparse.Namespace, tokenizer: Tokenizer) -> int:
                      for _ in range(count)]
         pairs = [(_zmq_address(args.advertised_host, inp),
                   _zmq_address(args.advertised_host, out)) for inp, out in listeners]
-        url = http_url(http[0])
+        url = http_url(http[0], tls=args.ssl_certfile is not None)
         ready_read, ready_write = os.pipe()
         owned.callback(os.close, ready_read)
         async with session as config:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,11 @@ from .requests import check_unicode
 from .response import TextResponse
 
 __all__ = ["create_app"]
+
+try:
+    _VERSION = importlib.metadata.version("anyio-genout")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a bare source tree
+    _VERSION = "unknown"
 
 #: The defaults of create_app's limits (and of ``anyio-genout serve``'s options).
 MAX_N = 16
@@ -96,12 +102,27 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
             raise error_for(error)
         return Response(status_code=200)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "anyio-genout", "root": model_name, "parent": None,
+                "max_model_len": client.engine.max_model_len, "permission": []}
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:  # vLLM's (SageMaker's) name for /health
+        return await health()
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:  # vLLM's gives its own version; this, ours
+        return {"version": _VERSION}
+
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "anyio-genout", "root": model_name, "parent": None,
-            "max_model_len": client.engine.max_model_len, "permission": []}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:  # OpenAI's; vLLM 0.32 has none
+        check_model(model_id)
+        return model_card()
 
     @api.get("/metrics")
     async def metrics() -> Response:

@@ -1,0 +1,128 @@
+"""``anyio-genout serve``'s spellings of ``vllm serve``'s front-end flags, and the engine
+flags it passes on or refuses (docs/server.md "Coming from vllm serve").
+
+Every flag is honoured or refused, never accepted and ignored: the parsers' flags
+(``--enable-auto-tool-choice``, ``--tool-call-parser``, ``--reasoning-parser``) and
+``--chat-template`` are refused (exit 2) until the routes use them; an engine flag
+(:mod:`.vllm_flags`) goes to the engines this server starts, else it is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import ssl
+
+from ..errors import UsageError
+from .options import check_address
+
+__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "check_vllm_args"]
+
+#: vLLM's ``--data-parallel-rpc-port`` default.
+DEFAULT_RPC_PORT = 29550
+
+#: vLLM's flags this server refuses until it does what they say (dest: flag).
+_NOT_YET = {"enable_auto_tool_choice": "--enable-auto-tool-choice",
+            "tool_call_parser": "--tool-call-parser",
+            "reasoning_parser": "--reasoning-parser",
+            "chat_template": "--chat-template"}
+
+
+def _json_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON list of strings as vLLM takes it, e.g. '[\"*\"]', got {text!r}"
+        ) from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {text!r}")
+    return value
+
+
+def add_http_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("vLLM's front-end flags (as `vllm serve` takes them)")
+    group.add_argument("--data-parallel-address", metavar="HOST",
+                       help="serve engines that dial HOST:--data-parallel-rpc-port (`vllm "
+                            "serve MODEL --headless --data-parallel-address HOST ...`); "
+                            "the same as --handshake-address tcp://HOST:PORT (default: none)")
+    group.add_argument("--data-parallel-rpc-port", type=int, metavar="PORT",
+                       help="with --data-parallel-address, the port engines dial "
+                            f"(default: {DEFAULT_RPC_PORT}, vLLM's)")
+    group.add_argument("--uds", metavar="PATH",
+                       help="listen on this Unix domain socket instead of --host/--port "
+                            "(default: none)")
+    group.add_argument("--ssl-keyfile", metavar="FILE",
+                       help="serve HTTPS with this private key (with --ssl-certfile; "
+                            "default: none, HTTP)")
+    group.add_argument("--ssl-certfile", metavar="FILE",
+                       help="serve HTTPS with this certificate chain (with --ssl-keyfile; "
+                            "default: none, HTTP)")
+    group.add_argument("--allowed-origins", type=_json_list, default=[], metavar="JSON",
+                       help="CORS: origins allowed, a JSON list (default: [], no "
+                            "cross-origin access)")
+    group.add_argument("--allowed-methods", type=_json_list, default=["*"], metavar="JSON",
+                       help="CORS: methods allowed, a JSON list (default: [\"*\"])")
+    group.add_argument("--allowed-headers", type=_json_list, default=["*"], metavar="JSON",
+                       help="CORS: headers allowed, a JSON list (default: [\"*\"])")
+    group.add_argument("--allow-credentials", action="store_true",
+                       help="CORS: allow credentials (default: off)")
+    group.add_argument("--root-path", metavar="PATH",
+                       help="the ASGI root_path behind a path-based proxy: routes answer "
+                            "with and without the prefix (default: none)")
+    refused = parser.add_argument_group("vLLM flags not supported yet (refused, exit 2)")
+    refused.add_argument("--enable-auto-tool-choice", action="store_true",
+                         help="refused (exit 2): not supported yet (default: off)")
+    for dest, flag in _NOT_YET.items():
+        if dest != "enable_auto_tool_choice":
+            refused.add_argument(flag, metavar="VALUE",
+                                 help="refused (exit 2): not supported yet (default: none)")
+
+
+def check_vllm_args(args: argparse.Namespace) -> None:
+    """Refuse what this server does not do, and resolve vLLM's spellings into its own.
+
+    Raises :class:`UsageError` (exit 2, one line): a flag of ``_NOT_YET``; an engine flag
+    without engines this server starts; ``--data-parallel-address`` with
+    ``--handshake-address``; an SSL file alone or unreadable; ``--uds`` with several
+    server processes.
+    """
+    for dest, flag in _NOT_YET.items():
+        if getattr(args, dest):
+            raise UsageError(f"{flag} is not supported yet (the routes do not use it); "
+                             "leave it out")
+    if args.data_parallel_address is not None or args.data_parallel_rpc_port is not None:
+        if args.handshake_address is not None:
+            raise UsageError("give --data-parallel-address/--data-parallel-rpc-port or "
+                             "--handshake-address, not both")
+        host = args.data_parallel_address or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        port = args.data_parallel_rpc_port or DEFAULT_RPC_PORT
+        try:
+            args.handshake_address = check_address(f"tcp://{host}:{port}")
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--data-parallel-address/--data-parallel-rpc-port: {exc}") \
+                from None
+    if args.model_tag is not None:
+        args.model = args.model or args.model_tag
+        if args.handshake_address is None and not args.vllm_model:
+            args.vllm_model = args.model_tag  # `vllm serve MODEL`: the engines run it
+    engine_flags: list[str] = getattr(args, "engine_flags", [])
+    if engine_flags and not args.vllm_model:
+        flag = engine_flags[0].split("=", 1)[0]
+        raise UsageError(f"{flag} concerns the engine: give it to the engine (`vllm serve "
+                         f"MODEL --headless {flag} ...`); anyio-genout serve passes engine "
+                         "flags on only to engines it starts (MODEL or --vllm-model)")
+    args.vllm_arg = [*args.vllm_arg, *engine_flags]
+    args.engine_flags = []
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise UsageError("--ssl-keyfile and --ssl-certfile go together: give both")
+    if args.ssl_certfile is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                args.ssl_certfile, args.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--ssl-certfile/--ssl-keyfile: cannot load them: {exc}") \
+                from None
+    if args.uds is not None and args.workers > 1:
+        raise UsageError("--uds with --api-server-count above 1 is not supported yet")
