@@ -10,8 +10,8 @@ from ..errors import UsageError
 from .backends import extra_message, importable
 from .options import add_engine_options
 from .serve_http import http_url, listen, listen_unix, serve
-from .serve_vllm import add_http_options, check_vllm_args
-from .text_model import add_model_option, load_tokenizer
+from .serve_vllm import add_http_options, check_vllm_args, serve_tokenizer
+from .text_model import add_model_option
 
 __all__ = ["add_parser", "run"]
 
@@ -129,8 +129,7 @@ async def run(args: argparse.Namespace) -> int:
     check_serve_args(args)
     if args.api_key is None:  # as vLLM: --api-key first, else a non-empty VLLM_API_KEY
         args.api_key = os.environ.get("VLLM_API_KEY") or None
-    tokenizer = load_tokenizer(args, required=True)
-    assert tokenizer is not None
+    tokenizer = serve_tokenizer(args)
     if args.workers > 1:
         from .serve_workers import supervise  # imports the engine handshake only if used
 

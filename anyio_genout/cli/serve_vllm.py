@@ -3,20 +3,26 @@ flags it passes on or refuses (docs/server.md "Coming from vllm serve").
 
 Every flag is honoured or refused, never accepted and ignored: the parsers' flags
 (``--enable-auto-tool-choice``, ``--tool-call-parser``, ``--reasoning-parser``) and
-``--chat-template`` are refused (exit 2) until the routes use them; an engine flag
+are refused (exit 2) until the routes use them; an engine flag
 (:mod:`.vllm_flags`) goes to the engines this server starts, else it is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import ssl
 
-from ..errors import UsageError
-from .options import check_address
+import attrs
 
-__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "check_vllm_args"]
+from ..errors import UsageError
+from ..text.model_dir import read_model_files
+from ..text.tokenizer import Tokenizer
+from .options import check_address
+from .text_model import load_tokenizer, tokenizer_folder
+
+__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "check_vllm_args", "serve_tokenizer"]
 
 #: vLLM's ``--data-parallel-rpc-port`` default.
 DEFAULT_RPC_PORT = 29550
@@ -24,8 +30,7 @@ DEFAULT_RPC_PORT = 29550
 #: vLLM's flags this server refuses until it does what they say (dest: flag).
 _NOT_YET = {"enable_auto_tool_choice": "--enable-auto-tool-choice",
             "tool_call_parser": "--tool-call-parser",
-            "reasoning_parser": "--reasoning-parser",
-            "chat_template": "--chat-template"}
+            "reasoning_parser": "--reasoning-parser"}
 
 
 def _json_list(text: str) -> list[str]:
@@ -70,6 +75,10 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--root-path", metavar="PATH",
                        help="the ASGI root_path behind a path-based proxy: routes answer "
                             "with and without the prefix (default: none)")
+    group.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                       help="the chat template for every request, instead of the model "
+                            "folder's: a file, or the template inline, as vLLM takes it "
+                            "(default: the folder's)")
     refused = parser.add_argument_group("vLLM flags not supported yet (refused, exit 2)")
     refused.add_argument("--enable-auto-tool-choice", action="store_true",
                          help="refused (exit 2): not supported yet (default: off)")
@@ -124,5 +133,35 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"--ssl-certfile/--ssl-keyfile: cannot load them: {exc}") \
                 from None
+    if args.chat_template is not None:  # read once here: the workers get the text
+        args.chat_template = _chat_template(args.chat_template)
     if args.uds is not None and args.workers > 1:
         raise UsageError("--uds with --api-server-count above 1 is not supported yet")
+
+
+def _chat_template(value: str) -> str:
+    """``--chat-template``'s text, resolved as vLLM's ``load_chat_template``: a file if it
+    opens, else the template inline (its escapes decoded) if it has ``{``, ``}`` or a new
+    line; else :class:`UsageError` (a path that does not open)."""
+    try:
+        with open(value, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        if not any(c in value for c in "{}\n"):
+            raise UsageError(f"--chat-template {value!r} looks like a file path, but it "
+                             f"cannot be read: {exc}") from None
+    return codecs.decode(value, "unicode_escape")
+
+
+def serve_tokenizer(args: argparse.Namespace) -> Tokenizer:
+    """The tokenizer ``serve`` uses: the folder's, with ``--chat-template`` (resolved by
+    :func:`check_vllm_args`) as its one template. Raises what :func:`load_tokenizer`
+    raises."""
+    tokenizer = load_tokenizer(args, required=True)
+    assert tokenizer is not None
+    if args.chat_template is None:
+        return tokenizer
+    folder = tokenizer_folder(args)
+    assert folder is not None  # the tokenizer was read from it
+    files = read_model_files(folder)
+    return Tokenizer(attrs.evolve(files, chat_templates={"default": args.chat_template}))

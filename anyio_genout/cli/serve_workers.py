@@ -54,7 +54,7 @@ from ..text.tokenizer import Tokenizer
 from .engines import EngineSession, WorkerSockets
 from .serve_http import http_url, listen, serve, served_model_name
 from .serve_lifecycle import DRAIN_SLACK
-from .text_model import load_tokenizer
+from .serve_vllm import serve_tokenizer
 
 __all__ = ["WORKER_COMMAND", "WORKER_STOP_GRACE", "read_worker_spec", "supervise"]
 
@@ -275,8 +275,7 @@ def read_worker_spec(stream: IO[bytes]) -> argparse.Namespace:
 
 async def _run_worker(args: argparse.Namespace) -> int:
     spec = args.worker
-    tokenizer = load_tokenizer(args, required=True)
-    assert tokenizer is not None
+    tokenizer = serve_tokenizer(args)  # with --chat-template's
     sockets = WorkerSockets(client_index=spec["client_index"],
                             input_address=spec["input_address"],
                             output_address=spec["output_address"],

@@ -137,7 +137,7 @@ def test_engine_flags_go_to_the_engines_it_starts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("line", [
     ["--enable-auto-tool-choice"], ["--tool-call-parser", "hermes"],
-    ["--reasoning-parser", "deepseek_r1"], ["--chat-template", "{{ messages }}"]])
+    ["--reasoning-parser", "deepseek_r1"]])
 def test_flags_not_supported_yet_are_refused_naming_them(line: list[str]) -> None:
     done = cli("serve", *line)
     assert done.returncode == 2, done.stderr
@@ -194,3 +194,29 @@ def test_a_unix_socket_is_served(tmp_path: Path, backend: str) -> None:
             answer = client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
             assert answer.status_code == 200, answer.text
     assert not path.exists()  # removed on the way out
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("where", ["inline", "file"])
+def test_chat_template_replaces_the_folders(tmp_path: Path, backend: str, where: str) -> None:
+    template = "{% for m in messages %}<<{{ m.content }}>>{% endfor %}"
+    if where == "file":
+        (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+        template = str(tmp_path / "t.jinja")
+    port = free_port("127.0.0.1")
+    with serving("--port", str(port), "--backend", backend, "--api-server-count", "2",
+                 "--chat-template", template) as child:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_health(base, child)
+        tokens = httpx.post(f"{base}/tokenize", json={
+            "messages": [{"role": "user", "content": "Once upon"}]}).json()["tokens"]
+        prompt = httpx.post(f"{base}/detokenize", json={"tokens": tokens}).json()["prompt"]
+        assert prompt == "<<Once upon>>"
+
+
+def test_a_chat_template_path_that_does_not_open_is_refused(tmp_path: Path) -> None:
+    done = cli("serve", "--chat-template", str(tmp_path / "missing.jinja"))
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(
+        "anyio-genout: error: --chat-template '")
+    assert "looks like a file path, but it cannot be read" in done.stderr
