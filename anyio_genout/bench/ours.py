@@ -21,6 +21,7 @@ from .. import (
     GenerateRequest,
     SamplingParams,
 )
+from .lateness import run_lateness
 from .measure import EngineProcess, Meter, free_port, freeze_gc, rss_bytes
 from .spec import CellSpec, Result, percentile, summarise
 
@@ -337,4 +338,5 @@ _WORKLOADS: dict[str, Workload] = {
     "latency": _latency,
     "churn": _churn,
     "memory": _memory,
+    "lateness": run_lateness,
 }

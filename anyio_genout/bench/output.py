@@ -62,6 +62,10 @@ def progress(i: int, n: int, spec: CellSpec, result: Result, seconds: float) -> 
     elif spec.workload == "churn":
         bits.append(f"{result.get('requests_per_s', 0):,.0f} req/s, "
                     f"{result.get('cpu_us_per_request') or 0:.1f} us/req")
+    elif spec.workload == "lateness":
+        bits.append(f"lateness p50 {result.get('lateness_p50_ms', 0):.1f} ms, p99 "
+                    f"{result.get('lateness_p99_ms', 0):.1f} ms, max "
+                    f"{result.get('lateness_max_ms', 0):.1f} ms")
     elif spec.workload == "latency":
         bits.append(f"first p50 {result.get('first_output_p50_us', 0):,.0f} us, per-output "
                     f"CPU p50 {result.get('per_output_cpu_p50_us', 0):.1f} us")

@@ -345,6 +345,18 @@ def format_table(results: Sequence[Result], vllm: Sequence[Result] | None,
         block("(d) memory: requests in flight at once (engine: 16 running, 50 ms steps)",
               ["client", "in flight", "RSS delta", "per request", "cancel all"], rows)
 
+    rows = []
+    for r in _rows_for(everything, "lateness"):
+        bad = errors(r)
+        rows.append(bad + [""] * 3 if bad else [
+            _label(r), str(r.get("concurrency", "")),
+            *(_fmt(r.get(f"lateness_{k}_ms"), ".1f", " ms") for k in ("p50", "p99", "max")),
+            _fmt(r.get("lateness_worst_round_max_ms"), ".1f", " ms")])
+    if rows:
+        block("(e) lateness: move_on_after(0.1) around each of C busy streams (0.2 ms of "
+              "blocking work per output), deadline to scope exit",
+              ["client", "C", "p50", "p99", "max", "worst round max"], rows)
+
     if targets:
         out.append("targets:")
         for t in targets:

@@ -31,7 +31,7 @@ Result = dict[str, Any]
 IMPLEMENTATIONS: Final = ("ours", "floor", "vllm")
 #: Backends of our client (the floor is synchronous; vLLM runs on asyncio).
 BACKENDS: Final = ("asyncio", "uvloop", "trio")
-WORKLOADS: Final = ("throughput", "latency", "churn", "memory")
+WORKLOADS: Final = ("throughput", "latency", "churn", "memory", "lateness")
 DEFAULT_CONCURRENCY: Final = (1, 64, 256, 1024)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import math
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, NoReturn, final
@@ -19,9 +21,24 @@ if TYPE_CHECKING:
 
 __all__ = ["CallScope", "EngineCoreOutputStream", "StreamState", "new_output_stream"]
 
-# Read this many buffered outputs without a checkpoint before yielding to the event loop
-# anyway (so a consumer that keeps up cannot starve other tasks or delay cancellation long).
-CHECKPOINT_EVERY: Final = 32
+# The checkpoint policy (docs/lifecycle.md, "Checkpoints"). A consumer that finds outputs
+# buffered takes them without yielding for one *turn*, which ends (a full checkpoint: a
+# chance for cancellation and for other tasks to run) at the first of:
+#: seconds of the consumer's wall time since it last yielded (its own work included), so a
+#: busy consumer holds the loop about this long at most, however many streams are ready;
+TIME_SLICE: Final = 0.001
+#: outputs taken in the turn;
+CHECKPOINT_EVERY: Final = 64
+# and the effective deadline of the consumer's cancel scopes (looked up at most every
+# DEADLINE_REFRESH seconds per stream, as it costs microseconds): a timeout around a stream
+# is taken within one output of its deadline, not a whole loop pass of every ready stream's
+# turns later. A consumer resumed past that deadline yields again (up to EXTRA_YIELDS
+# times) so that the event loop delivers the cancellation before it takes another output.
+DEADLINE_REFRESH: Final = 0.005
+EXTRA_YIELDS: Final = 2
+
+_clock: Final = time.perf_counter
+_INF: Final = math.inf
 
 _tuple_new: Final = tuple.__new__  # EngineCoreStreamOutput(...) without its Python __new__
 
@@ -48,17 +65,20 @@ class EngineCoreOutputStream:
     the engine dropped the request without a final output.
 
     Checkpoints: when an output is already buffered it is returned at once, with a full
-    checkpoint (a chance for cancellation and for other tasks to run) every
-    ``32`` outputs; when none is buffered the stream waits, which is a checkpoint. The end
-    of the stream is a cancellation point.
+    checkpoint (a chance for cancellation and for other tasks to run) when the consumer's
+    turn is used up: ``TIME_SLICE`` (1 ms) of wall time since it last yielded,
+    ``CHECKPOINT_EVERY`` (64) outputs, or the effective deadline of its cancel scopes,
+    whichever comes first; when none is buffered the stream waits, which is a checkpoint.
+    The end of the stream is a cancellation point.
 
     Iterate a stream from one task: a second task that waits for an output while another
     one does gets :class:`anyio.BusyResourceError` at once (the first keeps its place).
     :meth:`close` from another task ends the iteration of a waiting consumer.
     """
 
-    __slots__ = ("_box", "_closed", "_engine_index", "_max_tokens", "_on_close", "_request",
-                 "_request_id", "_since_checkpoint", "_state", "timestamp")
+    __slots__ = ("_box", "_closed", "_deadline", "_deadline_fresh", "_engine_index",
+                 "_max_tokens", "_on_close", "_request", "_request_id", "_since_checkpoint",
+                 "_state", "_turn_end", "timestamp")
 
     def __init__(self, request: EngineCoreRequest, max_tokens: int, engine_index: int,
                  box: OutputMailbox,
@@ -75,6 +95,11 @@ class EngineCoreOutputStream:
         self._on_close = on_close
         self._state = StreamState.RUNNING
         self._since_checkpoint = 0
+        # The current turn's end, the cached effective deadline and until when it is
+        # trusted, all on the perf_counter clock.
+        self._turn_end = 0.0
+        self._deadline = _INF
+        self._deadline_fresh = 0.0
         self._closed = False
         #: The engine batch timestamp of the output read last (0.0 before the first).
         self.timestamp = 0.0
@@ -130,9 +155,9 @@ class EngineCoreOutputStream:
         :attr:`timestamp` (the generate layer reads outputs this way, saving an object per
         output). Raises what ``__anext__`` raises.
 
-        The stream's one checkpoint rule: an output already buffered is returned at once,
-        with a full checkpoint every ``CHECKPOINT_EVERY`` (32) such outputs; with none
-        buffered it waits, which is a checkpoint.
+        The stream's one checkpoint rule: an output already buffered is returned at once
+        while the consumer's turn lasts (see the class docstring); at its end, a full
+        checkpoint first; with none buffered it waits, which is a checkpoint.
         """
         if self._state is not StreamState.RUNNING:
             # Only a cancellation point: every stream has waited for the engine at least
@@ -143,17 +168,25 @@ class EngineCoreOutputStream:
         items = box.items
         if items:
             count = self._since_checkpoint + 1
-            if count >= CHECKPOINT_EVERY:
-                count = 0
+            if count >= CHECKPOINT_EVERY or _clock() >= self._turn_end:
                 await anyio.lowlevel.checkpoint()
-            self._since_checkpoint = count
+                self._new_turn()
+                extra = 0
+                # Resumed past a deadline: let the loop deliver its cancellation first.
+                while _clock() >= self._deadline and extra < EXTRA_YIELDS:
+                    extra += 1
+                    await anyio.lowlevel.checkpoint()
+                    self._deadline_fresh = 0.0  # the scope may have gone: look again
+                    self._new_turn()
+            else:
+                self._since_checkpoint = count
         else:
-            self._since_checkpoint = 0
             try:
                 while not items and not box.closed:
                     await box.wait()
             except anyio.BusyResourceError:
                 raise self._busy() from None
+            self._new_turn()
         try:
             output = self.receive_output_nowait()
         except anyio.EndOfStream:  # ended meanwhile: close() from another task
@@ -161,15 +194,28 @@ class EngineCoreOutputStream:
         assert output is not None  # the wait ended with an output, the error or the end
         return output
 
+    def _new_turn(self) -> None:
+        """The consumer just resumed: its turn starts now."""
+        now = _clock()
+        self._since_checkpoint = 0
+        if now >= self._deadline_fresh:
+            self._deadline_fresh = now + DEADLINE_REFRESH
+            deadline = anyio.current_effective_deadline()
+            if deadline != _INF and deadline != -_INF:
+                deadline += now - anyio.current_time()  # on the perf_counter clock
+            self._deadline = deadline
+        end = now + TIME_SLICE
+        self._turn_end = end if end < self._deadline else self._deadline
+
     def receive_buffered_output(self) -> EngineCoreOutput | None:
         """:meth:`receive_output` without the coroutine, when it would not suspend: the next
         buffered output, or None when :meth:`receive_output` must be awaited instead
-        (nothing buffered, the stream ended, or its checkpoint is due). One token's fast
-        path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
+        (nothing buffered, the stream ended, or the consumer's turn is over). One token's
+        fast path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
         if self._state is not StreamState.RUNNING or not self._box.items:
             return None
         count = self._since_checkpoint + 1
-        if count >= CHECKPOINT_EVERY:
+        if count >= CHECKPOINT_EVERY or _clock() >= self._turn_end:
             return None
         self._since_checkpoint = count
         return self.receive_output_nowait()

@@ -1,0 +1,63 @@
+"""The checkpoint policy (issue 23 item 3): a busy consumer's turn ends by time, and at its
+cancel scope's deadline, not after a fixed number of buffered outputs.
+
+The fake engine buffers many outputs at once; the consumer spends 1 ms of blocking work on
+each. Before, the stream yielded once every 32 buffered outputs: a 10 ms timeout around it
+fired after 32 outputs (more than 32 ms), and another task waited as long for its turn."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from .support import generate_cluster, output, request
+
+pytestmark = pytest.mark.anyio
+
+WORK = 0.001  # seconds of blocking work per output
+
+
+async def test_a_timeout_around_a_busy_consumer_fires_within_an_output_or_two() -> None:
+    async with generate_cluster() as (client, (engine,)):
+        got = 0
+        with anyio.move_on_after(0.01) as scope:
+            async with client.generate(request("busy", max_tokens=None)) as stream:
+                internal = (await engine.receive_add()).request.request_id
+                await engine.send([output(internal, [7]) for _ in range(200)])
+                async for out in stream:
+                    got += len(out.token_ids)
+                    time.sleep(WORK)  # noqa: ASYNC251 - a busy consumer's own work
+        late = anyio.current_time() - scope.deadline
+        assert scope.cancelled_caught
+        assert got <= 20, f"{got} outputs taken in a 10 ms scope at 1 ms each"
+        assert late < 0.015, f"left {late * 1e3:.1f} ms after the deadline"
+
+
+async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
+    async with generate_cluster() as (client, (engine,)):
+        gaps: list[float] = []
+        done = anyio.Event()
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done.is_set():
+                await anyio.lowlevel.checkpoint()
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        async with anyio.create_task_group() as tg, \
+                client.generate(request("hog", max_tokens=None)) as stream:
+            internal = (await engine.receive_add()).request.request_id
+            await engine.send([output(internal, [7]) for _ in range(100)])
+            tg.start_soon(ticker)
+            async for out in stream:
+                time.sleep(WORK)  # noqa: ASYNC251 - a busy consumer's own work
+                if out.token_ids and len(gaps) > 40:
+                    break
+            done.set()
+        # One turn is the 1 ms slice plus the output that used it up (and some scheduling).
+        assert max(gaps[1:]) < 0.016, f"another task waited {max(gaps[1:]) * 1e3:.1f} ms"
