@@ -60,7 +60,7 @@ class Qwen3XmlToolParser(ToolParser):
         while pos != -1:
             close = text.find(">", pos)
             if close == -1:  # a name cut short: a call by it only in the whole reading
-                found.append((text[pos + len(FUNC):] if final else None, len(text),
+                found.append(((text[pos + len(FUNC):] or None) if final else None, len(text),
                               len(text), False))
                 break
             end = text.find(FUNC_END, close)

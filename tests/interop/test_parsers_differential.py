@@ -196,6 +196,9 @@ def _stream_corners(out: Output, theirs: Result, ours: Result, whole: Result) ->
     if theirs[1] is None and ours[1] is not None and not ours[1].strip():
         corners.append("S8 only white space before the calls (qwen3_xml): vLLM's stream "
                        "sends none of it")
+    if not theirs[2] and not ours[2] and ours[1] == whole[1] != theirs[1]:
+        corners.append("S9 text that begins like a call but is none ('[' pythonic, '{' "
+                       "llama3_json): vLLM's stream loses it, its whole reading has it")
     if ";{" in out.text and len(theirs[2]) < len(ours[2]):
         corners.append("S6 calls joined by ';' with no space (llama3_json): vLLM's stream "
                        "skips two characters and loses the next call")
