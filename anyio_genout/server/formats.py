@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from ..errors import RequestFailedError
+from ..errors import GenoutError, RequestFailedError
 from ..generate import FinishReason, FinishReasonKind
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
+from .errors import ApiError, error_for
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format", "dumps", "engine_error", "sse_event",
            "usage"]
@@ -58,6 +59,8 @@ class Format:
 
     object_whole = ""
     object_chunk = ""
+    #: vLLM's ``param`` for a library field named by an error of this route's requests.
+    params: Mapping[str, str] = {"prompt_token_ids": "input_tokens"}
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
                  n: int | None = None, constraint: str | None = None,
@@ -81,6 +84,15 @@ class Format:
 
     def first_chunks(self, n: int) -> list[dict[str, Any]]:
         return []
+
+    def api_error(self, exc: GenoutError) -> ApiError:
+        """The HTTP answer to ``exc`` (:func:`~.errors.error_for`), its ``param`` named as
+        vLLM names it on this route (a prompt too long for the context: ``input_tokens``;
+        chat's logprobs count: ``top_logprobs``)."""
+        error = error_for(exc)
+        if error.param is not None and error.param in self.params:
+            error.param = self.params[error.param]
+        return error
 
     def _finish(self, reason: FinishReason | None) -> tuple[str | None, int | str | None]:
         """``finish_reason`` and ``stop_reason`` of a choice; raises RequestFailedError
@@ -293,6 +305,7 @@ class ChatFormat(Format):
 
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
+    params: Mapping[str, str] = {**Format.params, "logprobs": "top_logprobs"}
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
                  constraint: str | None = None, prompt_logprobs: bool = False,

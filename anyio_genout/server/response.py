@@ -22,7 +22,7 @@ from ..text.client import TextClient
 from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_outputs
 from ..text.request import TextRequest
 from ..text.stream import TextStream
-from .errors import error_body, error_for
+from .errors import error_body
 from .formats import Format, dumps, sse_event
 
 __all__ = ["TextResponse"]
@@ -190,7 +190,7 @@ class TextResponse(Response):
                     await self._body(send, sse_event(usage), more=True)
                 await self._body(send, _DONE, more=False)
         except GenoutError as exc:
-            error = error_for(exc)
+            error = self._fmt.api_error(exc)  # vLLM's param names
             body = error_body(error.status, error.message, error.param)
             if not self._started:
                 await self._start(send, error.status, _JSON_HEADERS)

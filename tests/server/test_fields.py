@@ -197,3 +197,13 @@ def test_the_table_counts() -> None:
     assert found == {IMPLEMENTED: 39, IGNORED: 8, REFUSED: 24}
     assert sum(found.values()) == len(REQUEST_FIELDS)
     assert set(REQUEST_FIELDS) >= COMPLETION_ONLY and set(REQUEST_FIELDS) >= CHAT_ONLY
+
+
+async def test_errors_name_the_fields_as_vllm_names_them() -> None:
+    async with served(max_model_len=64) as s:
+        too_long = await _completion(s, prompt=[5] * 64)
+        chat = await _chat(s, logprobs=True, top_logprobs=50)
+        completion = await _completion(s, logprobs=50)
+    assert "max_model_len=64" in _refused(too_long, "input_tokens")
+    assert "max_logprobs" in _refused(chat, "top_logprobs")
+    assert "max_logprobs" in _refused(completion, "logprobs")
