@@ -62,8 +62,8 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "structured_outputs": (_I, "vLLM's structured outputs parameters"),
     "return_tokens_as_token_ids": (_I, "logprob tokens as 'token_id:<id>'"),
     "user": (_G, "vLLM ignores it too"),
-    "priority": (_G, "vLLM refuses a non-zero priority unless its priority scheduling is on; "
-                 "we accept and ignore it"),
+    "priority": (_R, "priority scheduling is not passed on (vLLM too refuses a non-zero "
+                 "priority unless its priority scheduling is on)"),
     "parallel_tool_calls": (_G, "without tools it has no effect (vLLM likewise)"),
     "include_reasoning": (_G, "no reasoning parser is served: no effect, as in vLLM"),
     "stream_interval": (_G, "a delivery pacing hint; every token is sent as it comes"),
@@ -108,6 +108,7 @@ _HARMLESS: Final[Mapping[str, tuple[Any, ...]]] = {
     "bad_words": ([],), "tool_choice": ("none",), "use_beam_search": (False,),
     "return_token_offsets": (False,), "return_token_ids": (False,),
     "return_prompt_text": (False,), "return_mm_kwargs": (False,), "tools": ([],),
+    "priority": (0,),
 }
 
 #: Response fields (the whole response, its choices, the stream's chunks and choices): sent,

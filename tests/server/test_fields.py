@@ -170,6 +170,7 @@ async def test_n_above_one_with_greedy_sampling_is_refused_as_vllm() -> None:
     ("tool_choice", "auto", True), ("reasoning_effort", "low", True),
     ("use_beam_search", True, False), ("suffix", "end", False),
     ("kv_transfer_params", {"a": 1}, True), ("return_token_ids", True, False),
+    ("priority", 3, False),
 ])
 async def test_unsupported_fields_are_refused_by_name(field: str, value: Any,
                                                       chat: bool) -> None:
@@ -184,7 +185,8 @@ async def test_defaults_of_refused_fields_and_ignored_fields_pass(
         caplog: pytest.LogCaptureFixture) -> None:
     async with served() as s:
         harmless = await _chat(s, tool_choice="none", bad_words=[], use_beam_search=False,
-                               parallel_tool_calls=True, include_reasoning=True, user="me")
+                               parallel_tool_calls=True, include_reasoning=True, user="me",
+                               priority=0)
         with caplog.at_level(logging.WARNING, "anyio_genout.server"):
             unknown = await _completion(s, not_a_vllm_field=1)
     assert harmless.status_code == 200, harmless.text
@@ -194,7 +196,7 @@ async def test_defaults_of_refused_fields_and_ignored_fields_pass(
 
 def test_the_table_counts() -> None:
     found = counts()
-    assert found == {IMPLEMENTED: 39, IGNORED: 8, REFUSED: 24}
+    assert found == {IMPLEMENTED: 39, IGNORED: 7, REFUSED: 25}
     assert sum(found.values()) == len(REQUEST_FIELDS)
     assert set(REQUEST_FIELDS) >= COMPLETION_ONLY and set(REQUEST_FIELDS) >= CHAT_ONLY
 
