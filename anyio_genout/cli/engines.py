@@ -28,6 +28,7 @@ __all__ = ["ClientSession", "EngineSession", "Interrupt", "WorkerSockets", "engi
 
 #: The embedded mock engine's vocabulary size (its config's default).
 _MOCK_VOCAB_SIZE = cast("int", attrs.fields(MockEngineConfig).vocab_size.default)
+_MAX_LOGPROBS = cast("int", attrs.fields(EngineCoreClientConfig).max_logprobs.default)
 
 
 def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | None,
@@ -48,6 +49,9 @@ def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | N
                 liveness_interval=args.liveness_interval,
                 liveness_timeout=args.liveness_timeout,
                 vocab_size=vocab_size,
+                # serve's --max-logprobs (vLLM's); the other commands keep the default
+                max_logprobs=_MAX_LOGPROBS if getattr(args, "max_logprobs", None) is None
+                else args.max_logprobs,
                 last_engine_death=last_engine_death,
             ),
             model_name=metrics_model_name(args), eos_token_id=eos, vocab_size=vocab_size)

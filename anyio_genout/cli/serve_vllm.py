@@ -79,6 +79,10 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="the chat template for every request, instead of the model "
                             "folder's: a file, or the template inline, as vLLM takes it "
                             "(default: the folder's)")
+    group.add_argument("--max-logprobs", type=int, metavar="N",
+                       help="most logprobs (and prompt_logprobs) a request may ask; more is "
+                            "400; -1: the vocabulary; passed on to engines this server "
+                            "starts (default: 20, vLLM's)")
     refused = parser.add_argument_group("vLLM flags not supported yet (refused, exit 2)")
     refused.add_argument("--enable-auto-tool-choice", action="store_true",
                          help="refused (exit 2): not supported yet (default: off)")
@@ -122,6 +126,11 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         raise UsageError(f"{flag} concerns the engine: give it to the engine (`vllm serve "
                          f"MODEL --headless {flag} ...`); anyio-genout serve passes engine "
                          "flags on only to engines it starts (MODEL or --vllm-model)")
+    if args.max_logprobs is not None:
+        if args.max_logprobs < -1:
+            raise UsageError(f"--max-logprobs must be -1 or more, got {args.max_logprobs}")
+        if args.vllm_model:
+            engine_flags = [*engine_flags, f"--max-logprobs={args.max_logprobs}"]
     args.vllm_arg = [*args.vllm_arg, *engine_flags]
     args.engine_flags = []
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):

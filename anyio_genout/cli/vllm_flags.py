@@ -4,7 +4,8 @@ A flag that concerns the engine is passed on to managed engines (``--vllm-model`
 positional model) and otherwise refused with one line saying to give it to the engine
 (``vllm serve --headless ...``). The lists are static (derived from
 ``AsyncEngineArgs.add_cli_args`` of vLLM 0.32.0, less the flags the front end handles
-itself: the data-parallel address, port and size, ``--served-model-name``, ``--model``);
+itself: the data-parallel address, port and size, ``--served-model-name``, ``--model``,
+``--max-logprobs``);
 tests/interop/test_vllm_flags.py checks them against vLLM's parser.
 """
 
@@ -41,7 +42,7 @@ ENGINE_FLAGS: Final[frozenset[str]] = frozenset((
     "lora-target-modules", "mamba-backend", "mamba-block-size", "mamba-cache-dtype",
     "mamba-cache-mode", "mamba-cache-philox-rounds", "mamba-ssm-cache-dtype",
     "mamba-ssu-algorithm", "master-addr", "master-port", "max-cpu-loras",
-    "max-cudagraph-capture-size", "max-logprobs", "max-lora-cls-labels", "max-lora-rank",
+    "max-cudagraph-capture-size", "max-lora-cls-labels", "max-lora-rank",
     "max-loras", "max-model-len", "max-num-active-seqs", "max-num-batched-tokens",
     "max-num-queued-reqs", "max-num-queued-tokens", "max-num-scheduled-tokens", "max-num-seqs",
     "max-parallel-loading-workers", "media-io-kwargs", "mm-encoder-attn-backend",

@@ -220,3 +220,17 @@ def test_a_chat_template_path_that_does_not_open_is_refused(tmp_path: Path) -> N
     assert done.stderr.splitlines()[-1].startswith(
         "anyio-genout: error: --chat-template '")
     assert "looks like a file path, but it cannot be read" in done.stderr
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_max_logprobs_bounds_what_a_request_may_ask(backend: str) -> None:
+    port = free_port("127.0.0.1")
+    with serving("--port", str(port), "--backend", backend, "--max-logprobs", "2") as child:
+        base = f"http://127.0.0.1:{port}"
+        wait_for_health(base, child)
+        body = {"prompt": "Once", "max_tokens": 2}
+        ok = httpx.post(f"{base}/v1/completions", json={**body, "logprobs": 2})
+        assert ok.status_code == 200, ok.text
+        too_many = httpx.post(f"{base}/v1/completions", json={**body, "logprobs": 3})
+        assert too_many.status_code == 400, too_many.text
+        assert "max_logprobs=2" in too_many.json()["error"]["message"]
