@@ -20,13 +20,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "serve", help="serve the OpenAI HTTP API (completions, chat completions, ...)",
         description="Serve an OpenAI-compatible HTTP API (/v1/completions, "
-                    "/v1/chat/completions, /v1/models, /health, /metrics, /tokenize, "
-                    "/detokenize) in front of the engines, with Hypercorn on trio or "
+                    "/v1/chat/completions, /v1/models, /health, /ping, /version, /metrics, "
+                    "/tokenize, /detokenize) in front of the engines, with Hypercorn on trio or "
                     "asyncio. With no engine option an embedded mock engine continues the "
                     "text shipped with anyio-genout. Needs the server extra "
                     "(pip install 'anyio-genout[server]'). Runs until SIGINT (exit 130) or "
                     "SIGTERM (a drain, see --shutdown-timeout; exit 0), or until no engine "
-                    "is left (exit 1).")
+                    "is left (exit 1). A `vllm serve` line works with `vllm` replaced: "
+                    "vLLM's engine flags (--gpu-memory-utilization, ...) go to the engines "
+                    "it starts (MODEL or --vllm-model), else they are refused "
+                    "(docs/server.md \"Coming from vllm serve\").")
     parser.add_argument("model_tag", nargs="?", metavar="MODEL",
                         help="as `vllm serve MODEL`: the model folder; it gives the "
                              "tokenizer (--model) and the served name, and without "
