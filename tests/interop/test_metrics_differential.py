@@ -57,7 +57,8 @@ def parse(text: str) -> Families:
     return {family.name: (family.type, {
         (s.name, frozenset(s.labels.items())): s.value for s in family.samples
         if not s.name.endswith("_created")})
-        for family in text_string_to_metric_families(text)}
+        for family in text_string_to_metric_families(text)
+        if not family.name.endswith("_created")}  # the text format parses them apart
 
 
 async def wait_healthy(base: str, alive: Callable[[], bool]) -> None:
