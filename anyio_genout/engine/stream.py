@@ -29,12 +29,15 @@ __all__ = ["CallScope", "EngineCoreOutputStream", "StreamState", "new_output_str
 TIME_SLICE: Final = 0.001
 #: outputs taken in the turn;
 CHECKPOINT_EVERY: Final = 64
-# and the effective deadline of the consumer's cancel scopes (looked up at most every
-# DEADLINE_REFRESH seconds per stream, as it costs microseconds): a timeout around a stream
-# is taken within one output of its deadline, not a whole loop pass of every ready stream's
-# turns later. A consumer resumed past that deadline yields again (up to EXTRA_YIELDS
-# times) so that the event loop delivers the cancellation before it takes another output.
-DEADLINE_REFRESH: Final = 0.005
+# and the effective deadline of the consumer's cancel scopes: a timeout around a stream is
+# taken within one output of its deadline, not a whole loop pass of every ready stream's
+# turns later. The lookup costs microseconds, so it is made only when it matters: when the
+# consumer waited at least CONGESTED seconds for its turn (a long loop pass), and at most
+# every DEADLINE_REFRESH seconds per stream. A consumer resumed past that deadline yields
+# again (up to EXTRA_YIELDS times) so that the loop delivers the cancellation before it
+# takes another output.
+CONGESTED: Final = 0.01
+DEADLINE_REFRESH: Final = 0.1
 EXTRA_YIELDS: Final = 2
 
 _clock: Final = time.perf_counter
@@ -78,7 +81,7 @@ class EngineCoreOutputStream:
 
     __slots__ = ("_box", "_closed", "_deadline", "_deadline_fresh", "_engine_index",
                  "_max_tokens", "_on_close", "_request", "_request_id", "_since_checkpoint",
-                 "_state", "_turn_end", "timestamp")
+                 "_state", "_turn_end", "_yielded", "timestamp")
 
     def __init__(self, request: EngineCoreRequest, max_tokens: int, engine_index: int,
                  box: OutputMailbox,
@@ -100,6 +103,7 @@ class EngineCoreOutputStream:
         self._turn_end = 0.0
         self._deadline = _INF
         self._deadline_fresh = 0.0
+        self._yielded = 0.0  # when the consumer last yielded
         self._closed = False
         #: The engine batch timestamp of the output read last (0.0 before the first).
         self.timestamp = 0.0
@@ -169,18 +173,20 @@ class EngineCoreOutputStream:
         if items:
             count = self._since_checkpoint + 1
             if count >= CHECKPOINT_EVERY or _clock() >= self._turn_end:
+                self._yielded = _clock()
                 await anyio.lowlevel.checkpoint()
                 self._new_turn()
                 extra = 0
                 # Resumed past a deadline: let the loop deliver its cancellation first.
                 while _clock() >= self._deadline and extra < EXTRA_YIELDS:
                     extra += 1
+                    self._yielded = self._deadline_fresh = 0.0  # look again: it may be gone
                     await anyio.lowlevel.checkpoint()
-                    self._deadline_fresh = 0.0  # the scope may have gone: look again
                     self._new_turn()
             else:
                 self._since_checkpoint = count
         else:
+            self._yielded = _clock()
             try:
                 while not items and not box.closed:
                     await box.wait()
@@ -198,7 +204,7 @@ class EngineCoreOutputStream:
         """The consumer just resumed: its turn starts now."""
         now = _clock()
         self._since_checkpoint = 0
-        if now >= self._deadline_fresh:
+        if now - self._yielded >= CONGESTED and now >= self._deadline_fresh:
             self._deadline_fresh = now + DEADLINE_REFRESH
             deadline = anyio.current_effective_deadline()
             if deadline != _INF and deadline != -_INF:
