@@ -19,7 +19,7 @@ from ..text.request import TextRequest
 from . import requests
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
-from .http_metrics import HttpMetrics, http_series
+from .http_metrics import HttpMetrics, client_http_series
 from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import check_unicode
@@ -81,7 +81,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                        body_timeout=body_timeout,
                        limited_paths=frozenset({"/v1/completions", "/v1/chat/completions"}))
     # vllm serve's HTTP families; inside the key check (a 401 is not counted, as there)
-    app.add_middleware(HttpMetrics, series=http_series(text_client.client.metrics.registry))
+    app.add_middleware(HttpMetrics, series=client_http_series(text_client.client))
     if api_key is not None:  # outermost: the key is checked before Limits reads a body
         app.add_middleware(Authentication, api_key=api_key, api_key_scope=api_key_scope,
                            body_timeout=body_timeout)

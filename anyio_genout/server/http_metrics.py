@@ -47,7 +47,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..metrics.buckets import HTTP_DURATION_BUCKETS, HTTP_DURATION_HIGHR_BUCKETS
 from ..metrics.histogram import Histogram
 
-__all__ = ["EXCLUDED_HANDLERS", "HttpMetrics", "HttpSeries", "http_series"]
+__all__ = ["EXCLUDED_HANDLERS", "HttpMetrics", "HttpSeries", "client_http_series",
+           "http_series"]
 
 #: vLLM's ``excluded_handlers`` (regular expressions searched in the handler).
 EXCLUDED_HANDLERS: Final = ("/metrics", "/health", "/load", "/ping", "/version",
@@ -166,6 +167,14 @@ def http_series(registry: CollectorRegistry) -> HttpSeries:
         registry.register(series)
         _SERIES[registry] = series
     return series
+
+
+def client_http_series(client: object) -> HttpSeries:
+    """:func:`http_series` of ``client.metrics.registry`` (a :class:`~anyio_genout.Client`'s);
+    an object without one (an app built only for its OpenAPI schema) gets series of its own,
+    registered nowhere. Raises what :func:`http_series` raises."""
+    registry = getattr(getattr(client, "metrics", None), "registry", None)
+    return http_series(registry) if isinstance(registry, CollectorRegistry) else HttpSeries()
 
 
 def _route_path(scope: Scope) -> str | None:
