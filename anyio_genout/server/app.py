@@ -107,7 +107,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                 "owned_by": "anyio-genout", "root": model_name, "parent": None,
                 "max_model_len": client.engine.max_model_len, "permission": []}
 
-    @app.api_route("/ping", methods=["GET", "POST"])
+    @app.api_route("/ping", methods=["GET", "POST"], include_in_schema=False)
     async def ping() -> Response:  # vLLM's (SageMaker's) name for /health
         return await health()
 

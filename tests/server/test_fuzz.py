@@ -214,6 +214,10 @@ def _check_success(path: str, response: httpx.Response) -> None:
         assert isinstance(body["prompt"], str), body
     elif path == "/v1/models":
         assert body["object"] == "list" and body["data"][0]["id"] == MODEL, body
+    elif path.startswith("/v1/models/"):
+        assert body["object"] == "model" and body["id"] == MODEL, body
+    elif path == "/version":
+        assert isinstance(body["version"], str) and body["version"], body
     else:
         raise AssertionError(f"no success shape known for {path}")
 
