@@ -100,7 +100,7 @@ class EngineCoreOutputStream:
         self._since_checkpoint = 0
         # The current turn's end, the cached effective deadline and until when it is
         # trusted, all on the perf_counter clock.
-        self._turn_end = 0.0
+        self._turn_end = _INF  # the first turn starts with the first wait (or 64 outputs)
         self._deadline = _INF
         self._deadline_fresh = 0.0
         self._yielded = 0.0  # when the consumer last yielded
@@ -213,15 +213,16 @@ class EngineCoreOutputStream:
         end = now + TIME_SLICE
         self._turn_end = end if end < self._deadline else self._deadline
 
-    def receive_buffered_output(self) -> EngineCoreOutput | None:
+    def receive_buffered_output(self, timed: bool = True) -> EngineCoreOutput | None:
         """:meth:`receive_output` without the coroutine, when it would not suspend: the next
         buffered output, or None when :meth:`receive_output` must be awaited instead
-        (nothing buffered, the stream ended, or the consumer's turn is over). One token's
-        fast path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
+        (nothing buffered, the stream ended, or the consumer's turn is over; without
+        ``timed``, only its 64 outputs count, for a drain of what arrived). One token's fast
+        path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
         if self._state is not StreamState.RUNNING or not self._box.items:
             return None
         count = self._since_checkpoint + 1
-        if count >= CHECKPOINT_EVERY or _clock() >= self._turn_end:
+        if count >= CHECKPOINT_EVERY or (timed and _clock() >= self._turn_end):
             return None
         self._since_checkpoint = count
         return self.receive_output_nowait()

@@ -111,10 +111,8 @@ class GenerateStream:
             raise StreamStateError(self._state, event)
         self._state = new
 
-    @property
-    def phase(self) -> Phase:
-        """Where the stream is in its life (:mod:`anyio_genout.generate.state`)."""
-        return self._state
+    phase = property(lambda self: self._state, doc="Where the stream is in its life "
+                     "(:mod:`anyio_genout.generate.state`).")
 
     # ------------------------------------------------------------------ scope
 
@@ -252,15 +250,16 @@ class GenerateStream:
             got = await self._wait(False)
         return got  # type: ignore[return-value]
 
-    def receive_buffered(self) -> list[int] | GenerateOutput | None:
+    def receive_buffered(self, *, nowait: bool = False) -> list[int] | GenerateOutput | None:
         """The next output without a coroutine, when one is buffered and :meth:`__anext__`
         would not suspend, as :meth:`receive` gives it; None when it must be awaited (nothing
-        buffered, its checkpoint due, the stream ended).
+        buffered, its checkpoint due, the stream ended). ``nowait``: a drain of what arrived
+        (``receive_nowait``), so the turn's time limit does not apply, only its 64 outputs.
 
         Raises:
             what :meth:`__anext__` raises, except BusyResourceError.
         """
-        return self._poll(True)
+        return self._poll(True, not nowait)
 
     async def receive(self) -> list[int] | GenerateOutput:
         """:meth:`__anext__` for a layer above that builds its own output per token (the text
@@ -278,7 +277,7 @@ class GenerateStream:
             got = await self._wait(True)
         return got
 
-    def _poll(self, plain: bool) -> list[int] | GenerateOutput | None:
+    def _poll(self, plain: bool, timed: bool = True) -> list[int] | GenerateOutput | None:
         """RECEIVE (recording a terminal output on the way), then the next buffered output
         if the engine stream gives one without suspending (its checkpoint rule), else None."""
         state = TRANSITIONS[self._state][_RECEIVE]
@@ -293,7 +292,7 @@ class GenerateStream:
         raw = self._raw
         assert raw is not None
         try:
-            output = raw.receive_buffered_output()
+            output = raw.receive_buffered_output(timed)
         except EngineDeadError as error:
             self._move_or_raise(raw, error)
             return None  # the continuation's outputs are awaited (_wait)

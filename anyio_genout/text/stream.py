@@ -316,7 +316,7 @@ class TextStream:
             raise RuntimeError("use `async with text_client.generate(...) as stream` first")
         if self._done:
             raise anyio.EndOfStream
-        got = inner.receive_buffered()
+        got = inner.receive_buffered(nowait=True)
         if got is None:
             raise anyio.WouldBlock
         return self._convert(inner, got)
