@@ -234,3 +234,20 @@ def test_max_logprobs_bounds_what_a_request_may_ask(backend: str) -> None:
         too_many = httpx.post(f"{base}/v1/completions", json={**body, "logprobs": 3})
         assert too_many.status_code == 400, too_many.text
         assert "max_logprobs=2" in too_many.json()["error"]["message"]
+
+
+def test_no_option_of_serve_is_taken_for_an_engine_flag() -> None:
+    """An option ``serve`` has itself is never split off as vLLM's engine flag (then refused,
+    or passed to an engine that would not drain): ``--shutdown-timeout`` was, once."""
+    from anyio_genout.cli.main import build_parser
+    from anyio_genout.cli.vllm_flags import ENGINE_FLAGS, ENGINE_SWITCHES, split_engine_flags
+
+    parser = build_parser()
+    serve = next(action for action in parser._actions
+                 if isinstance(action, type(parser._subparsers._group_actions[0]))
+                 ).choices["serve"]
+    options = {option[2:] for action in serve._actions
+               for option in action.option_strings if option.startswith("--")}
+    assert not options & (ENGINE_FLAGS | ENGINE_SWITCHES)
+    rest, engine = split_engine_flags(["--shutdown-timeout", "5", "--block-size", "16"])
+    assert rest == ["--shutdown-timeout", "5"] and engine == ["--block-size", "16"]
