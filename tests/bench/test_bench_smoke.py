@@ -42,7 +42,7 @@ def test_quick_run_writes_the_expected_json(tmp_path: Path) -> None:
         ("floor", "sync", "throughput"), ("floor", "sync", "latency"),
         ("floor", "sync", "churn"), ("ours", "asyncio", "throughput"),
         ("ours", "asyncio", "latency"), ("ours", "asyncio", "churn"),
-        ("ours", "asyncio", "memory"),
+        ("ours", "asyncio", "memory"), ("ours", "asyncio", "lateness"),
     }
     for r in results:
         assert "error" not in r, r
@@ -55,6 +55,8 @@ def test_quick_run_writes_the_expected_json(tmp_path: Path) -> None:
                     "per_output_cpu_p99_us"} <= set(r)
         if r["workload"] == "churn":
             assert r["cpu_us_per_request"] > 0
+        if r["workload"] == "lateness":
+            assert 0 <= r["lateness_p50_ms"] <= r["lateness_p99_ms"]
         if r["workload"] == "memory":
             assert r["held"] is True
             assert r["inflight"] == r["requests"]
