@@ -54,7 +54,7 @@ from ..protocol import (
 from ..transport import ZmqSocket, bind_address, new_context
 from .config import EngineCoreClientConfig
 
-__all__ = ["BoundSockets", "bind_sockets", "run_handshake", "serve_handshake"]
+__all__ = ["BoundSockets", "JunkLog", "bind_sockets", "run_handshake", "serve_handshake"]
 
 logger = logging.getLogger("anyio_genout.engine")
 T = TypeVar("T")
@@ -143,6 +143,25 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
                         input_monitor)
 
 
+@attrs.define
+class JunkLog:
+    """Junk ignored on the handshake sockets, logged boundedly: the first
+    :data:`MAX_JUNK_LOGGED` messages one by one (``from <identity><whose>: <why>``), then
+    one line saying that more is not logged (``on the <sockets>``), then only counted."""
+
+    whose: str
+    sockets: str
+    count: int = 0
+
+    def ignore(self, identity: bytes, where: str, why: str) -> None:
+        self.count += 1
+        if self.count <= MAX_JUNK_LOGGED:
+            logger.warning("ignoring a message on the %s socket from %r%s: %s", where,
+                           identity[:16], self.whose, why)
+        elif self.count == MAX_JUNK_LOGGED + 1:
+            logger.warning("ignoring more junk on the %s without logging it", self.sockets)
+
+
 class _Engines:
     """The engines a start-up expects (by ZeroMQ identity) and how far each has got; reads
     the handshake stages from them, skipping (and logging) junk from strangers."""
@@ -152,15 +171,7 @@ class _Engines:
         self.expected = {engine_identity(rank): rank for rank in config.engine_ranks}
         self.hello: set[int] = set()
         self.ready: set[int] = set()
-        self._junk = 0
-
-    def ignore(self, identity: bytes, where: str, why: str) -> None:
-        self._junk += 1
-        if self._junk <= MAX_JUNK_LOGGED:
-            logger.warning("ignoring a message on the %s socket from %r, which is not an "
-                           "expected engine: %s", where, identity[:16], why)
-        elif self._junk == MAX_JUNK_LOGGED + 1:
-            logger.warning("ignoring more junk on the handshake sockets without logging it")
+        self.ignore = JunkLog(", which is not an expected engine", "handshake sockets").ignore
 
     def rank_of(self, identity: bytes, what: str) -> int:
         rank = self.expected.get(identity)

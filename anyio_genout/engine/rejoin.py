@@ -12,7 +12,6 @@ import logging
 from collections.abc import Callable
 
 import anyio
-import anyio.lowlevel
 import attrs
 import zmq
 
@@ -29,7 +28,7 @@ from ..protocol import (
 )
 from ..transport import ZmqSocket
 from .config import EngineCoreClientConfig
-from .handshake import MAX_JUNK_LOGGED, BoundSockets
+from .handshake import MAX_JUNK_LOGGED, BoundSockets, JunkLog
 
 __all__ = ["RejoinHandler", "Rejoins", "answer_restarted_engines"]
 
@@ -74,7 +73,7 @@ class Rejoins:
         self._refusal = refusal
         self._rejoin = rejoin
         self._pending: dict[int, _Rejoining] = {}
-        self._junk = 0
+        self._ignore = JunkLog(" after start-up", "handshake socket").ignore
         #: HELLOs (bootstrapped: registrations) refused, and engines that rejoined.
         self.refused = 0
         self.rejoined = 0
@@ -96,13 +95,8 @@ class Rejoins:
         if sock is None:
             return
         try:
-            while True:
-                frames = sock.receive_nowait()
-                if frames is None:
-                    await sock.wait_readable()
-                    continue
-                self._on_handshake(sock, frames)
-                await anyio.lowlevel.checkpoint()  # a flood of junk cannot starve the loop
+            while True:  # receive() checkpoints: a flood of junk cannot starve the loop
+                self._on_handshake(sock, await sock.receive())
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
@@ -199,14 +193,6 @@ class Rejoins:
             return
         self.rejoined += 1
 
-    def _ignore(self, identity: bytes, where: str, why: str) -> None:
-        self._junk += 1
-        if self._junk <= MAX_JUNK_LOGGED:
-            logger.warning("ignoring a message on the %s socket from %r after start-up: %s",
-                           where, identity[:16], why)
-        elif self._junk == MAX_JUNK_LOGGED + 1:
-            logger.warning("ignoring more junk on the handshake socket without logging it")
-
 
 async def answer_restarted_engines(config: EngineCoreClientConfig, sock: ZmqSocket,
                                    init: bytes) -> None:
@@ -218,23 +204,15 @@ async def answer_restarted_engines(config: EngineCoreClientConfig, sock: ZmqSock
     refused with a log line). A rank outside them is refused; junk is logged and ignored.
     Runs until cancelled or the socket closes; never raises otherwise."""
     ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
-    junk = 0
     hellos = dict.fromkeys(config.engine_ranks, 0)
+    junk = JunkLog(" after start-up", "handshake socket")
 
     def ignore(identity: bytes, why: str) -> None:
-        nonlocal junk
-        junk += 1
-        if junk <= MAX_JUNK_LOGGED:
-            logger.warning("ignoring a message on the handshake socket from %r after "
-                           "start-up: %s", identity[:16], why)
+        junk.ignore(identity, "handshake", why)
 
     try:
-        while True:
-            frames = sock.receive_nowait()
-            if frames is None:
-                await sock.wait_readable()
-                continue
-            await anyio.lowlevel.checkpoint()  # a flood of junk cannot starve the loop
+        while True:  # receive() checkpoints: a flood of junk cannot starve the loop
+            frames = await sock.receive()
             identity = bytes(frames[0].buffer)
             rank = ranks.get(identity)
             if len(frames) != 2:
