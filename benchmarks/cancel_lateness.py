@@ -11,7 +11,10 @@ moment its task was out of the scope; the script prints p50, p99 and max per run
 checks that every request was aborted (nothing left in flight). Under load from other
 processes the figures grow: say so when quoting them.
 
-This is a script, not a test: timings depend on the machine and its load.
+The round itself is the ``lateness`` cell's of ``nox -s bench``
+(:func:`anyio_genout.bench.lateness.lateness_round`); this script runs it against a mock
+engine in its own process. A script, not a test: timings depend on the machine and its
+load.
 """
 
 from __future__ import annotations
@@ -20,48 +23,22 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 
 import anyio
 
-from anyio_genout import (
-    Client,
-    ClientConfig,
-    EngineCoreClientConfig,
-    GenerateRequest,
-    SamplingParams,
-)
+from anyio_genout import Client, ClientConfig, EngineCoreClientConfig
+from anyio_genout.bench.lateness import lateness_round
 from anyio_genout.transport import free_tcp_address
-
-TIMEOUT = 0.1
 
 
 async def one_run(address: str, streams: int, work: float, run: int) -> list[float]:
     config = ClientConfig(engine=EngineCoreClientConfig(
         handshake_address=address, ready_timeout=30, liveness_interval=None), registry=None)
-    late: list[float] = []
-    unfinished = 0
-
-    async def consume(n: int) -> None:
-        nonlocal unfinished
-        request = GenerateRequest(request_id=f"r{run}-{n}", prompt_token_ids=[1, 2, 3],
-                                  sampling_params=SamplingParams(max_tokens=3000,
-                                                                 ignore_eos=True))
-        with anyio.move_on_after(TIMEOUT) as scope:
-            async with client.generate(request) as stream:
-                async for _out in stream:
-                    time.sleep(work)  # noqa: ASYNC251 - the consumer's own (blocking) work
-        late.append(anyio.current_time() - scope.deadline)
-        if not scope.cancelled_caught:
-            unfinished += 1
-
     async with Client.connect(config) as client:
-        async with anyio.create_task_group() as tg:
-            for n in range(streams):
-                tg.start_soon(consume, n)
-        with anyio.fail_after(30):
-            while client.engine.in_flight:  # noqa: ASYNC110 - polling a counter
-                await anyio.sleep(0.01)
+        late, unfinished = await lateness_round(client, streams, 3000, f"r{run}", work=work)
+        if client.engine.in_flight:
+            raise SystemExit(f"{client.engine.in_flight} request(s) still in flight 30 s "
+                             "after their scopes were cancelled")
     if unfinished:
         print(f"  {unfinished} stream(s) ended before the timeout", file=sys.stderr)
     return late

@@ -22,7 +22,8 @@ from .spec import CellSpec, Result, percentile
 if TYPE_CHECKING:
     from .measure import Meter
 
-__all__ = ["LATENESS_MAX_MS", "LATENESS_P99_MS", "TIMEOUT", "WORK", "run_lateness"]
+__all__ = ["LATENESS_MAX_MS", "LATENESS_P99_MS", "TIMEOUT", "WORK", "lateness_round",
+           "run_lateness"]
 
 #: The timeout around each stream, and each consumer's blocking work per output (seconds).
 TIMEOUT: Final = 0.1
@@ -32,7 +33,13 @@ LATENESS_P99_MS: Final = 50.0
 LATENESS_MAX_MS: Final = 100.0
 
 
-async def _round(client: Client, streams: int, tokens: int, tag: str) -> tuple[list[float], int]:
+async def lateness_round(client: Client, streams: int, tokens: int, tag: str, *,
+                         work: float = WORK) -> tuple[list[float], int]:
+    """One round: ``streams`` requests of ``tokens`` tokens at once (ids ``{tag}-{n}``), each
+    consumed with ``work`` seconds of blocking work per output inside
+    ``move_on_after(TIMEOUT)``; returns every scope's lateness (seconds after its deadline)
+    and how many streams ended before it. Waits (30 s at most) until the client has no
+    request in flight."""
     late: list[float] = []
     unfinished = 0
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
@@ -44,7 +51,7 @@ async def _round(client: Client, streams: int, tokens: int, tag: str) -> tuple[l
         with anyio.move_on_after(TIMEOUT) as scope:
             async with client.generate(request) as stream:
                 async for _out in stream:
-                    time.sleep(WORK)  # noqa: ASYNC251 - the consumer's own blocking work
+                    time.sleep(work)  # noqa: ASYNC251 - the consumer's own blocking work
         late.append(anyio.current_time() - scope.deadline)
         if not scope.cancelled_caught:
             unfinished += 1
@@ -65,7 +72,7 @@ async def run_lateness(client: Client, spec: CellSpec, meter: Meter) -> Result:
     unfinished = 0
     for n in range(max(1, spec.min_rounds)):
         started = meter.start()
-        late, left = await _round(client, spec.concurrency, spec.tokens, f"late{n}")
+        late, left = await lateness_round(client, spec.concurrency, spec.tokens, f"late{n}")
         meter.stop(started, requests=len(late))
         every += late
         worst = max(worst, max(late, default=0.0))
