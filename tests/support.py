@@ -3,12 +3,17 @@ these)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import anyio
 
-__all__ = ["wait_until"]
+from anyio_genout.transport import free_tcp_address
+
+__all__ = ["mock_engine_process", "wait_until"]
 
 #: Seconds between two looks at the polled state.
 _POLL_INTERVAL: Final = 0.005
@@ -22,3 +27,19 @@ async def wait_until(predicate: Callable[[], object], seconds: float = 5.0) -> N
     with anyio.fail_after(seconds):
         while not predicate():  # noqa: ASYNC110 - polling other objects' state on purpose
             await anyio.sleep(_POLL_INTERVAL)
+
+
+@contextmanager
+def mock_engine_process(*options: str) -> Iterator[str]:
+    """A mock engine in its own process (``python -m anyio_genout.mock`` with ``options``)
+    dialing a fresh handshake address, which it yields; killed at the end."""
+    address = free_tcp_address()
+    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
+                              address, *options],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL)
+    try:
+        yield address
+    finally:
+        child.kill()
+        child.wait(10)

@@ -12,8 +12,6 @@ liveness timeouts to read, all end with every token they asked for.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -27,7 +25,7 @@ from anyio_genout import (
     GenerateRequest,
     SamplingParams,
 )
-from anyio_genout.transport import free_tcp_address
+from tests.support import mock_engine_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -42,16 +40,8 @@ LIVENESS_TIMEOUT = 0.5
 @pytest.fixture
 def engine_address() -> Iterator[str]:
     """A mock engine process stepping back to back, dialing this address."""
-    address = free_tcp_address()
-    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
-                              address, "--step-time", "0"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL)
-    try:
+    with mock_engine_process("--step-time", "0") as address:
         yield address
-    finally:
-        child.kill()
-        child.wait(10)
 
 
 async def test_consumers_slower_than_the_engine_never_make_it_look_dead(

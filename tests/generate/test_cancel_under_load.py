@@ -7,8 +7,6 @@ the whole stream (a 0.1 s timeout fired after more than a second, at the stream'
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -22,8 +20,7 @@ from anyio_genout import (
     GenerateRequest,
     SamplingParams,
 )
-from anyio_genout.transport import free_tcp_address
-from tests.support import wait_until
+from tests.support import mock_engine_process, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -31,16 +28,8 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def engine_address() -> Iterator[str]:
     """A mock engine process stepping back to back, dialing this address."""
-    address = free_tcp_address()
-    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
-                              address, "--step-time", "0", "--no-log-stats"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             stdin=subprocess.DEVNULL)
-    try:
+    with mock_engine_process("--step-time", "0", "--no-log-stats") as address:
         yield address
-    finally:
-        child.kill()
-        child.wait(10)
 
 
 async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str) -> None:
