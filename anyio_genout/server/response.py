@@ -162,6 +162,9 @@ class TextResponse(Response):
                     await self._each(streams, collect)
                     done = [whole for whole in wholes if whole is not None]
                     rendered = dumps(self._fmt.whole(done))  # may fail: an error answer
+                    # Closed before the answer goes out, so a client that has it finds
+                    # the request in /metrics (the streams record their end on close).
+                    await scopes.aclose()
                     await self._start(send, 200, _JSON_HEADERS)
                     await self._body(send, rendered, more=False)
                     return
@@ -183,6 +186,7 @@ class TextResponse(Response):
                             raise failure
 
                 await self._each(streams, relay)
+                await scopes.aclose()  # recorded before [DONE], as above
                 if self._include_usage:
                     usage = fmt.usage_chunk(
                         fmt.prompt_tokens([len(s.prompt_token_ids) for s in streams]),
