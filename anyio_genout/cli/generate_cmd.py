@@ -13,9 +13,7 @@ from ..generate import FinishReason, GenerateOutput, GenerateRequest, GenerateSt
 from ..protocol import SamplingParams
 from ..text.client import TextClient
 from ..text.output import TextOutput
-from ..text.request import TextRequest, check_text_request
-from ..text.stream import encode_prompt
-from ..text.tokenizer import Tokenizer
+from ..text.request import TextRequest
 from .engines import ClientSession, interruptible
 from .options import (
     add_engine_options,
@@ -167,7 +165,7 @@ async def run(args: argparse.Namespace) -> int:
                 text_client = TextClient(client, tokenizer)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            await _generate_text(text_client, tokenizer, _text_request(args, params), args,
+            await _generate_text(text_client, _text_request(args, params), args,
                                  progress, client.engine.max_model_len)
     end = time.time()
     count, first, start = progress.count, progress.first, progress.start
@@ -201,12 +199,13 @@ async def _stream_tokens(scope: GenerateStream, args: argparse.Namespace,
             sys.stdout.flush()
 
 
-async def _generate_text(text_client: TextClient, tokenizer: Tokenizer, request: TextRequest,
+async def _generate_text(text_client: TextClient, request: TextRequest,
                          args: argparse.Namespace, progress: _Progress,
                          max_model_len: int) -> None:
     """Text mode: the text to stdout as it comes (one line per token with --logprobs)."""
-    check_text_request(request)
-    _, ids = encode_prompt(tokenizer, request)  # to check max_tokens before sending
+    # Encoded as entering the stream encodes it (off the event loop, the context's bound
+    # first), to check max_tokens before anything is sent.
+    _, ids = await text_client.encode(request)
     progress.prompt_len = len(ids)
     check_max_tokens(len(ids), request.sampling_params.max_tokens, max_model_len)
     with_logprobs = args.logprobs is not None

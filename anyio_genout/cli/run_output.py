@@ -21,7 +21,6 @@ from ..protocol import Logprobs
 from ..text.client import TextClient
 from ..text.output import TokenLogprob
 from ..text.request import TextRequest
-from ..text.stream import encode_prompt
 from .options import check_max_tokens
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "SHOWN_FAILURES",
@@ -182,10 +181,10 @@ async def _run_text(client: Client, text_client: TextClient,
     texts: list[str] = []
     try:
         # Encoded here, once, so that max_tokens is checked before anything is sent.
-        _, ids = encode_prompt(text_client.tokenizer, request)
+        _, ids = await text_client.encode(request)  # off the loop, as entering does
         check_max_tokens(len(ids), request.sampling_params.max_tokens,
                          client.engine.max_model_len)
-        if request.prompt_token_ids is None:
+        if request.prompt_token_ids is None and ids:  # none: entering refuses it
             request = attrs.evolve(request, prompt=None, messages=None, prompt_token_ids=ids)
         async with text_client.generate(request) as stream:
             tokens: list[int] = []

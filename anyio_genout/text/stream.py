@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Final, final
 import anyio
 import attrs
 
-from ..errors import InvalidRequestError
 from ..generate import (
     AbortCause,
     Client,
@@ -45,7 +44,7 @@ from .tokenizer import Tokenizer
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["ModelEos", "TextStream", "encode_prompt", "new_text_stream"]
+__all__ = ["ModelEos", "TextStream", "new_text_stream"]
 
 #: Passed by :func:`new_text_stream` only: the class has no public constructor.
 _MADE_HERE: Final = object()
@@ -89,36 +88,6 @@ class ModelEos:
         filled = attrs.evolve(params, **changes) if changes else params  # type: ignore[arg-type]
         self._last = (params, filled)
         return filled
-
-
-def encode_prompt(tokenizer: Tokenizer, request: TextRequest) -> tuple[str | None, list[int]]:
-    """The prompt text (None for token ids) and the prompt token ids of a request that
-    :func:`check_text_request` passed, encoded here on the caller's thread (entering a
-    stream does it off the event loop, with the context's character bound first:
-    :func:`.offload.encode_request`).
-
-    Raises:
-        InvalidRequestError: the prompt encodes to no tokens, or malformed ``messages``.
-        ChatTemplateError: the model has no chat template, or the template failed.
-    """
-    if request.prompt_token_ids is not None:
-        return None, list(request.prompt_token_ids)
-    if request.messages is not None:
-        text = tokenizer.apply_chat_template(
-            request.messages, add_generation_prompt=request.add_generation_prompt,
-            **dict(request.chat_template_kwargs or {}))
-        add = False if request.add_special_tokens is None else request.add_special_tokens
-        field = "messages"
-    else:
-        assert request.prompt is not None
-        text = request.prompt
-        add = True if request.add_special_tokens is None else request.add_special_tokens
-        field = "prompt"
-    ids = tokenizer.encode(text, add_special_tokens=add)
-    if not ids:
-        raise InvalidRequestError(field, "encodes to no tokens (the prompt must not be "
-                                  "empty)")
-    return text, ids
 
 
 @final

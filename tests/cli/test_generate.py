@@ -125,6 +125,18 @@ def test_max_tokens_beyond_the_context_is_refused_with_the_numbers() -> None:
     assert "max_tokens: 5000 is too large" in line and "(5000 > 4096 - 3)" in line
 
 
+def test_a_text_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() -> None:
+    """The CLI encodes as a stream does: the context's character bound refuses the text
+    first (vLLM's message), with nothing sent to the engine and nothing on stdout."""
+    done = cli("generate", "--prompt", "hello world " * 5000)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
+    assert "You passed 60000 input characters" in line
+    assert "context length is only 4096 tokens" in line
+
+
 def test_logprobs_prints_one_line_per_token_with_the_top_n() -> None:
     done = cli("generate", "--prompt-token-ids", "1,2,3", "--max-tokens", "6", "--ignore-eos",
                "--logprobs", "2")
