@@ -134,7 +134,10 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              max_body_size=args.max_body_size,
                              max_concurrent_requests=args.max_concurrent_requests,
                              body_timeout=args.body_timeout,
-                             trust_request_chat_template=args.trust_request_chat_template)
+                             trust_request_chat_template=args.trust_request_chat_template,
+                             enable_auto_tool_choice=args.enable_auto_tool_choice,
+                             tool_call_parser=args.tool_call_parser,
+                             reasoning_parser=args.reasoning_parser)
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if args.allowed_origins:  # outermost: a preflight needs no key (as vLLM)
                 from starlette.middleware.cors import CORSMiddleware

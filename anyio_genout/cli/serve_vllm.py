@@ -2,9 +2,9 @@
 flags it passes on or refuses (docs/server.md "Coming from vllm serve").
 
 Every flag is honoured or refused, never accepted and ignored: the parsers' flags
-(``--enable-auto-tool-choice``, ``--tool-call-parser``, ``--reasoning-parser``) and
-are refused (exit 2) until the routes use them; an engine flag
-(:mod:`.vllm_flags`) goes to the engines this server starts, else it is refused.
+(``--enable-auto-tool-choice``, ``--tool-call-parser``, ``--reasoning-parser``) choose
+how chat outputs are read (an unknown name is exit 2, listing the known ones); an engine
+flag (:mod:`.vllm_flags`) goes to the engines this server starts, else it is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import ssl
 
 import attrs
 
-from ..errors import UsageError
+from ..errors import InvalidRequestError, UsageError
+from ..parsers import reasoning_parser_class, tool_parser
 from ..text.model_dir import read_model_files
 from ..text.tokenizer import Tokenizer
 from .options import check_address
@@ -27,10 +28,6 @@ __all__ = ["DEFAULT_RPC_PORT", "add_http_options", "check_vllm_args", "serve_tok
 #: vLLM's ``--data-parallel-rpc-port`` default.
 DEFAULT_RPC_PORT = 29550
 
-#: vLLM's flags this server refuses until it does what they say (dest: flag).
-_NOT_YET = {"enable_auto_tool_choice": "--enable-auto-tool-choice",
-            "tool_call_parser": "--tool-call-parser",
-            "reasoning_parser": "--reasoning-parser"}
 
 
 def _json_list(text: str) -> list[str]:
@@ -83,27 +80,29 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
                             "starts (default: 20, vLLM's)")
-    refused = parser.add_argument_group("vLLM flags not supported yet (refused, exit 2)")
-    refused.add_argument("--enable-auto-tool-choice", action="store_true",
-                         help="refused (exit 2): not supported yet (default: off)")
-    for dest, flag in _NOT_YET.items():
-        if dest != "enable_auto_tool_choice":
-            refused.add_argument(flag, metavar="VALUE",
-                                 help="refused (exit 2): not supported yet (default: none)")
+    tools = parser.add_argument_group("tool calls and reasoning (chat completions)")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="serve tool_choice='auto' (and tools without a tool_choice) "
+                            "with --tool-call-parser; without it such a request is 400, as "
+                            "in vLLM (default: off)")
+    tools.add_argument("--tool-call-parser", metavar="NAME",
+                       help="the tool-call format the model writes, vLLM's names: hermes, "
+                            "qwen3_json, llama3_json, llama4_json, pythonic, qwen3_xml, "
+                            "qwen3_coder, deepseek_v3, or a plugin's (default: none)")
+    tools.add_argument("--reasoning-parser", metavar="NAME",
+                       help="split <think> reasoning into message.reasoning, vLLM's names: "
+                            "deepseek_r1, qwen3, or a plugin's (default: none)")
 
 
 def check_vllm_args(args: argparse.Namespace) -> None:
     """Refuse what this server does not do, and resolve vLLM's spellings into its own.
 
-    Raises :class:`UsageError` (exit 2, one line): a flag of ``_NOT_YET``; an engine flag
+    Raises :class:`UsageError` (exit 2, one line): an unknown parser name; an engine flag
     without engines this server starts; ``--data-parallel-address`` with
     ``--handshake-address``; an SSL file alone or unreadable; ``--uds`` with several
     server processes.
     """
-    for dest, flag in _NOT_YET.items():
-        if getattr(args, dest):
-            raise UsageError(f"{flag} is not supported yet (the routes do not use it); "
-                             "leave it out")
+    _check_parsers(args)
     if args.data_parallel_address is not None or args.data_parallel_rpc_port is not None:
         if args.handshake_address is not None:
             raise UsageError("give --data-parallel-address/--data-parallel-rpc-port or "
@@ -146,6 +145,21 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         args.chat_template = _chat_template(args.chat_template)
     if args.uds is not None and args.workers > 1:
         raise UsageError("--uds with --api-server-count above 1 is not supported yet")
+
+
+def _check_parsers(args: argparse.Namespace) -> None:
+    """Refuse an unknown parser name (one line listing the known ones), and
+    ``--enable-auto-tool-choice`` without ``--tool-call-parser`` (as vLLM does)."""
+    try:
+        if args.tool_call_parser is not None:
+            tool_parser(args.tool_call_parser)
+        if args.reasoning_parser is not None:
+            reasoning_parser_class(args.reasoning_parser)
+    except InvalidRequestError as exc:
+        flag = "--" + (exc.field or "tool_call_parser").replace("_", "-")
+        raise UsageError(f"{flag}: {exc.message}") from None
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise UsageError("--enable-auto-tool-choice requires --tool-call-parser")
 
 
 def _chat_template(value: str) -> str:

@@ -24,6 +24,7 @@ from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import check_unicode
 from .response import TextResponse
+from .tools import ToolServing
 
 __all__ = ["create_app"]
 
@@ -43,7 +44,9 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                max_n: int = MAX_N, max_body_size: int = MAX_BODY_SIZE,
                max_concurrent_requests: int | None = None,
                body_timeout: float | None = BODY_TIMEOUT,
-               trust_request_chat_template: bool = False) -> FastAPI:
+               trust_request_chat_template: bool = False,
+               enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -59,11 +62,21 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     naming it unless ``trust_request_chat_template`` (vLLM's
     ``--trust-request-chat-template``; CVE-2025-61620). Templates render, and long prompts
     encode, in worker threads, a prompt that cannot fit the context being refused first.
+    Chat outputs are read with ``reasoning_parser`` and, for ``tool_choice="auto"`` (which
+    needs ``enable_auto_tool_choice``), ``tool_call_parser`` (vLLM's names, see
+    :mod:`anyio_genout.parsers`); ``tool_choice="required"`` and a named function are
+    held to vLLM's JSON schema and need neither.
     Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
     See docs/server.md.
+
+    Raises:
+        InvalidRequestError: an unknown parser name, or ``enable_auto_tool_choice``
+            without ``tool_call_parser``.
     """
 
     check_api_key(api_key, api_key_scope)
+    tool_serving = ToolServing.from_names(tool_call_parser, reasoning_parser,
+                                          enable_auto_tool_choice=enable_auto_tool_choice)
 
     def check_model(model: str | None) -> None:
         if model is not None and model != model_name:
@@ -143,7 +156,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         check_model(body.model)
         plan = requests.chat_choices(body, max_n=max_n,
                                      max_model_len=client.engine.max_model_len,
-                                     trust_request_chat_template=trust_request_chat_template)
+                                     trust_request_chat_template=trust_request_chat_template,
+                                     tool_serving=tool_serving)
         return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
                             stream=body.stream, include_usage=_usage(body))
 

@@ -64,8 +64,9 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "user": (_G, "vLLM ignores it too"),
     "priority": (_R, "priority scheduling is not passed on (vLLM too refuses a non-zero "
                  "priority unless its priority scheduling is on)"),
-    "parallel_tool_calls": (_G, "without tools it has no effect (vLLM likewise)"),
-    "include_reasoning": (_G, "no reasoning parser is served: no effect, as in vLLM"),
+    "parallel_tool_calls": (_I, "false keeps the first tool call only (and required's "
+                            "schema allows one)"),
+    "include_reasoning": (_I, "false drops the reasoning (and the logprobs) as vLLM does"),
     "stream_interval": (_G, "a delivery pacing hint; every token is sent as it comes"),
     "mm_payload": (_G, "only for multimodal outputs, which a text model has none of"),
     "routed_experts_prompt_start": (_G, "only with routed experts capture, not served"),
@@ -73,10 +74,11 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "bad_words": (_R, "needs the prompt-side tokenizer in the request path (not done)"),
     "truncate_prompt_tokens": (_R, "prompt truncation is not done"),
     "truncation_side": (_R, "prompt truncation is not done"),
-    "tools": (_R, "tool calls are not wired (parsers/ exists)"),
-    "tool_choice": (_R, "tool calls are not wired; 'none' is accepted"),
-    "reasoning_effort": (_R, "reasoning is not wired"),
-    "thinking_token_budget": (_R, "reasoning is not wired"),
+    "tools": (_I, "rendered by the chat template (tools=), read by --tool-call-parser"),
+    "tool_choice": (_I, "none, auto (--enable-auto-tool-choice), required and a named "
+                    "function (held to vLLM's JSON schema)"),
+    "reasoning_effort": (_I, "chat template variables reasoning_effort and enable_thinking"),
+    "thinking_token_budget": (_R, "the thinking token budget is not passed to the engine"),
     "use_beam_search": (_R, "beam search is not implemented"),
     "suffix": (_R, "vLLM refuses it too"),
     "prompt_embeds": (_R, "no embeddings input"),
@@ -105,9 +107,9 @@ CHAT_ONLY: Final = frozenset({
 
 #: Values of a refused field that mean "not used" (vLLM's defaults), so accepted.
 _HARMLESS: Final[Mapping[str, tuple[Any, ...]]] = {
-    "bad_words": ([],), "tool_choice": ("none",), "use_beam_search": (False,),
+    "bad_words": ([],), "use_beam_search": (False,),
     "return_token_offsets": (False,), "return_token_ids": (False,),
-    "return_prompt_text": (False,), "return_mm_kwargs": (False,), "tools": ([],),
+    "return_prompt_text": (False,), "return_mm_kwargs": (False,),
     "priority": (0,),
 }
 

@@ -12,6 +12,7 @@ from ..errors import GenoutError, RequestFailedError
 from ..generate import FinishReason, FinishReasonKind
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 from .errors import ApiError, error_for
+from .tools import ChatParsing, ChatStream, tool_call_json, tool_delta_json
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format", "dumps", "engine_error", "sse_event",
            "usage"]
@@ -301,7 +302,10 @@ def _prompt_logprobs(rows: list[list[TokenLogprob]] | None) -> list[Any]:
 
 class ChatFormat(Format):
     """``/v1/chat/completions`` responses; with ``echo_text`` (chat ``echo``) each answer
-    begins with it (a chunk of its own after the role's, when streamed, as vLLM sends it)."""
+    begins with it (a chunk of its own after the role's, when streamed, as vLLM sends it).
+    With ``parsing`` the output is read for reasoning and tool calls (``message.reasoning``
+    and ``message.tool_calls``; streamed, ``delta.reasoning`` and ``delta.tool_calls``
+    pieces), each streamed choice through its own parser state."""
 
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
@@ -309,10 +313,18 @@ class ChatFormat(Format):
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
                  constraint: str | None = None, prompt_logprobs: bool = False,
-                 token_ids: bool = False, echo_text: str | None = None) -> None:
+                 token_ids: bool = False, echo_text: str | None = None,
+                 parsing: ChatParsing | None = None) -> None:
         super().__init__(response_id, model, top, constraint=constraint,
                          prompt_logprobs=prompt_logprobs, token_ids=token_ids)
         self._echo_text = echo_text or ""
+        self._parsing = parsing
+        self._parse_streams: dict[int, ChatStream] = {}  # by choice index
+        if parsing is not None and not parsing.include_reasoning:
+            self.top = None  # hidden reasoning hides the logprobs too, as vLLM's do
+
+    def _plain(self, index: int) -> bool:
+        return self._parsing is None
 
     def _entry(self, entry: TokenLogprob) -> dict[str, Any]:
         token = self.token(entry)
@@ -345,6 +357,8 @@ class ChatFormat(Format):
         return body
 
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
+        if self._parsing is not None:
+            return self._parsed_chunk(out, index, self._parsing)
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         finish, stop = self._finish(out.finish_reason)
@@ -354,9 +368,52 @@ class ChatFormat(Format):
             choice["stop_reason"] = stop
         return self.envelope(self.object_chunk, [choice])
 
+    def _parsed_chunk(self, out: TextOutput, index: int, parsing: ChatParsing
+                      ) -> dict[str, Any] | None:
+        """A streamed chunk through the choice's parser state: only what it lets out (a
+        marker is held back until it is whole); ``finish_reason`` ``tool_calls`` once a
+        call was sent (vLLM's rule: auto and required; a named function keeps stop)."""
+        stream = self._parse_streams.get(index)
+        if stream is None:
+            stream = self._parse_streams[index] = parsing.stream()
+        finish, stop = self._finish(out.finish_reason)
+        found = stream.delta(out.text, out.token_ids, out.prompt, last=finish is not None)
+        logprobs = self._logprobs(out.logprobs)
+        if found is None and finish is None and logprobs is None:
+            return None
+        delta: dict[str, Any] = {}
+        if found is not None:
+            if found.reasoning:
+                delta["reasoning"] = found.reasoning
+            if found.content:
+                delta["content"] = found.content
+            if found.tool_calls:
+                delta["tool_calls"] = tool_delta_json(found.tool_calls)
+        choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish}
+        if finish is not None:
+            choice["finish_reason"] = parsing.finish_reason(finish, called=stream.called)
+            choice["stop_reason"] = stop
+        return self.envelope(self.object_chunk, [choice])
+
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         finish, stop = self._finish(out.finish_reason)
-        return {"index": index, "message": {"role": "assistant",
-                                            "content": self._echo_text + out.text},
-                "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
+        parsing = self._parsing
+        if parsing is None:
+            return {"index": index, "message": {"role": "assistant",
+                                                "content": self._echo_text + out.text},
+                    "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
+                    "stop_reason": stop}
+        parsed = parsing.whole(out.text, out.prompt)
+        content = parsed.content
+        if self._echo_text:
+            content = self._echo_text + (content or "")
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if parsing.shows_reasoning_field:
+            message["reasoning"] = parsed.reasoning
+        if parsed.tool_calls:
+            message["tool_calls"] = [tool_call_json(call) for call in parsed.tool_calls]
+        return {"index": index, "message": message, "logprobs": self._logprobs(out.logprobs),
+                "finish_reason": parsing.finish_reason(  # required: whatever it holds
+                    finish, called=bool(parsed.tool_calls) or parsing.mode == "required"),
                 "stop_reason": stop}

@@ -105,6 +105,13 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     #: vLLM's request template: refused unless the server trusts request templates.
     chat_template: str | None = None
+    #: Tool calls and reasoning (checked by :func:`~.tools.plan_tools`, which names the
+    #: bad part: ``tools[0].function.name``, ``tool_choice``, ...).
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = True
+    include_reasoning: bool = True
+    reasoning_effort: str | None = None
 
 
 class TokenizeRequest(_Body):

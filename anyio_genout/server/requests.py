@@ -20,6 +20,7 @@ from .errors import ApiError, error_for
 from .fields import check_fields
 from .formats import ChatFormat, CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
+from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
 
 __all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
            "check_unicode", "choices", "completion_choices", "template_kwargs"]
@@ -225,13 +226,16 @@ class Choices:
     token_ids: bool = False
     #: Chat ``echo``: the text the answer begins with (None: no echo).
     echo_text: str | None = None
+    #: Chat: how the output is read for reasoning and tool calls (None: plain text).
+    parsing: ChatParsing | None = None
 
     def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
         """The response format (``decode`` gives the echoed text of token-id prompts)."""
         if self.chat:
             return ChatFormat(self.response_id, model, self.logprobs,
                               constraint=self.constraint, prompt_logprobs=self.prompt_logprobs,
-                              token_ids=self.token_ids, echo_text=self.echo_text)
+                              token_ids=self.token_ids, echo_text=self.echo_text,
+                              parsing=self.parsing)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
                                 n=self.n, decode=decode, constraint=self.constraint,
                                 prompt_logprobs=self.prompt_logprobs,
@@ -295,22 +299,29 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
 
 
 def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int | None,
-                 trust_request_chat_template: bool = False) -> Choices:
+                 trust_request_chat_template: bool = False,
+                 tool_serving: ToolServing | None = None) -> Choices:
     """The child requests of a ``/v1/chat/completions`` body (see :class:`Choices`): ``n``
     at most ``max_n``, ``max_completion_tokens`` and ``max_tokens`` at most
     ``max_model_len`` (None: not checked here), a request's own chat template only if
-    ``trust_request_chat_template``. Raises ApiError (400) naming the field."""
+    ``trust_request_chat_template``; ``tools`` and ``tool_choice`` served with
+    ``tool_serving``'s parsers (None: none, ``tool_choice="auto"`` refused). Raises
+    ApiError (400) naming the field."""
     _check_body(body, chat=True)
     check_n(body.n, max_n)
     if max_model_len is not None:
         check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
         check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
-    request = chat_request(body, trust_request_chat_template=trust_request_chat_template)
+    request, plan = _chat_request(body, trust_request_chat_template,
+                                  tool_serving or ToolServing())
+    constraint = _constraint(body)
+    if plan.schema is not None:
+        constraint = "tool_choice"
     return Choices(request.request_id, choices(request, body.n), body.n,
-                   request.sampling_params.logprobs, chat=True, constraint=_constraint(body),
+                   request.sampling_params.logprobs, chat=True, constraint=constraint,
                    prompt_logprobs=body.prompt_logprobs is not None,
                    token_ids=bool(body.return_tokens_as_token_ids),
-                   echo_text=_echo_text(body) if body.echo else None)
+                   echo_text=_echo_text(body) if body.echo else None, parsing=plan.parsing)
 
 
 def _echo_text(body: ChatCompletionRequest) -> str:
@@ -342,25 +353,42 @@ def _chat_kwargs(body: ChatCompletionRequest, kwargs: dict[str, Any] | None
     return kwargs
 
 
-def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bool = False
-                 ) -> TextRequest:
+def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bool = False,
+                 tool_serving: ToolServing | None = None) -> TextRequest:
     """The request of a ``/v1/chat/completions`` body (its ``sampling_params.logprobs`` is
     how many alternatives to show, None without ``logprobs``); a template of the request's
     own (``chat_template``, or in ``chat_template_kwargs``) only if
-    ``trust_request_chat_template``. Raises ApiError (400) naming the field."""
+    ``trust_request_chat_template``; tools as :func:`chat_choices` takes them. Raises
+    ApiError (400) naming the field."""
+    return _chat_request(body, trust_request_chat_template, tool_serving or ToolServing())[0]
+
+
+def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool,
+                  tool_serving: ToolServing) -> tuple[TextRequest, ToolPlan]:
     check_unicode(body.messages, "messages")
+    check_unicode(body.tools, "tools")
     kwargs = template_kwargs(body.chat_template, body.chat_template_kwargs,
                              trusted=trust_request_chat_template)
     top = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
                        "top_logprobs")
-    return TextRequest(
+    plan = plan_tools(body, tool_serving, template_kwargs=kwargs,
+                      constraint=_constraint(body))
+    params = _sampling(body, body.max_completion_tokens or body.max_tokens, top)
+    if plan.schema is not None:  # required / a named function: JSON, as vLLM builds it
+        params = attrs.evolve(params, structured_outputs=StructuredOutputsParams(
+            json=plan.schema))
+    kwargs = _chat_kwargs(body, kwargs)
+    if plan.template_kwargs:
+        kwargs = {**(kwargs or {}), **plan.template_kwargs}
+    request = TextRequest(
         request_id=_request_id("chatcmpl", body), messages=body.messages,
-        sampling_params=_sampling(body, body.max_completion_tokens or body.max_tokens, top),
+        sampling_params=params,
         stop=_stop(body), include_stop_str_in_output=body.include_stop_str_in_output,
-        skip_special_tokens=body.skip_special_tokens,
+        skip_special_tokens=body.skip_special_tokens and not plan.keep_special_tokens,
         spaces_between_special_tokens=body.spaces_between_special_tokens,
         add_generation_prompt=body.add_generation_prompt,
         add_special_tokens=body.add_special_tokens,
-        chat_template_kwargs=_chat_kwargs(body, kwargs))
+        chat_template_kwargs=kwargs)
+    return request, plan
