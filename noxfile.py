@@ -1,5 +1,5 @@
-"""Development sessions: ``nox -s tests``, ``lint``, ``typecheck``, ``bench``, ``interop``,
-``soak``.
+"""Development sessions: ``nox -s tests``, ``tests-uvloop``, ``lint``, ``typecheck``,
+``bench``, ``interop``, ``soak``.
 
 Every session installs what it needs into its own virtual environment, so each works on a
 fresh machine with only Python and pip.
@@ -17,9 +17,20 @@ PACKAGE = "anyio_genout"
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite; every async test runs on asyncio, asyncio+uvloop and trio."""
+    """The whole test suite; every async test runs on asyncio and trio, and on asyncio+uvloop
+    too in the layers where the loop matters (tests/engine, generate, faults, mock,
+    test_transport.py; see tests/conftest.py). ``-- --uvloop=all`` runs everything on all three.
+    """
     session.install("-e", ".[test,uvloop,bench]")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(name="tests-uvloop")
+def tests_uvloop(session: nox.Session) -> None:
+    """Every async test of the suite on asyncio+uvloop only: the uvloop cases that ``tests``
+    leaves out (outside its uvloop layers), and again those it runs."""
+    session.install("-e", ".[test,uvloop,bench]")
+    session.run("python", "-m", "pytest", "--uvloop=only", *session.posargs)
 
 
 @nox.session

@@ -1,16 +1,34 @@
-"""Shared fixtures: every async test runs under asyncio, asyncio+uvloop and trio."""
+"""Shared fixtures: every async test runs under asyncio and trio; uvloop where the loop matters.
+
+The ``anyio_backend`` fixture is parametrized over asyncio, asyncio+uvloop and trio. Which of
+the uvloop cases run is chosen by ``--uvloop`` (default ``layers``):
+
+* ``layers``: asyncio and trio for every async test, and uvloop too for the layers whose
+  behaviour depends on the event loop's sockets, timers and callbacks (:data:`UVLOOP_LAYERS`:
+  the engine client, generate, faults, transport and mock engine tests). This is ``nox -s
+  tests``.
+* ``all``: every async test on all three backends.
+* ``only``: only the uvloop cases, of every async test in the suite (``nox -s tests-uvloop``);
+  tests that do not run on this fixture's uvloop case are deselected.
+
+A test that parametrizes ``anyio_backend`` itself, or a module that overrides the fixture,
+runs what it names whatever the option says.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+_UVLOOP: tuple[str, dict[str, Any]] = ("asyncio", {"use_uvloop": True})
+
 _BACKENDS = [
     pytest.param(("asyncio", {}), id="asyncio"),
     pytest.param(
-        ("asyncio", {"use_uvloop": True}),
+        _UVLOOP,
         id="uvloop",
         marks=pytest.mark.skipif(importlib.util.find_spec("uvloop") is None,
                                  reason="uvloop is not installed"),
@@ -18,7 +36,50 @@ _BACKENDS = [
     pytest.param(("trio", {}), id="trio"),
 ]
 
+_TESTS = Path(__file__).resolve().parent
+
+#: Test folders and files whose async tests also run on uvloop under ``--uvloop=layers``.
+UVLOOP_LAYERS = tuple(_TESTS / name for name in (
+    "engine", "generate", "faults", "mock", "test_transport.py",
+))
+
+_UVLOOP_CHOICES = ("layers", "all", "only")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--uvloop", choices=_UVLOOP_CHOICES, default="layers",
+        help="which async tests also run on asyncio+uvloop: 'layers' (default: tests/engine, "
+             "generate, faults, mock and test_transport.py), 'all', or 'only' (just the "
+             "uvloop cases of every async test; nox -s tests-uvloop)")
+
 
 @pytest.fixture(params=_BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return request.param  # type: ignore[no-any-return]
+
+
+def _runs_on_fixture_uvloop(item: pytest.Item) -> bool:
+    """True for the uvloop case of this conftest's ``anyio_backend`` parametrization."""
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("anyio_backend") is _UVLOOP
+
+
+def _in_uvloop_layer(item: pytest.Item) -> bool:
+    path = Path(item.path).resolve()
+    return any(path == layer or layer in path.parents for layer in UVLOOP_LAYERS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mode = config.getoption("--uvloop")
+    if mode == "all":
+        return
+    if mode == "only":
+        keep = [item for item in items if _runs_on_fixture_uvloop(item)]
+    else:
+        keep = [item for item in items
+                if not _runs_on_fixture_uvloop(item) or _in_uvloop_layer(item)]
+    if len(keep) != len(items):
+        kept = {id(item) for item in keep}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+        items[:] = keep
