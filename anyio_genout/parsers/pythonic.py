@@ -12,6 +12,7 @@ in pieces, re-parsing the unfinished Python at every token).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import warnings
@@ -73,30 +74,65 @@ def _parse(source: str) -> ast.expr | None:
         return None
 
 
+#: What a scan of the list stops at: a quote (a string starts) or a bracket.
+_STRUCTURAL = re.compile(r"""['"()\[\]{}]""")
+
+
+def _string_end(text: str, start: int, quote: str) -> int | None:
+    """Index just past the Python string whose body starts at ``start`` and which
+    ``quote`` closes (a backslash escapes the next character), or None while it is open."""
+    i = start
+    while True:
+        close = text.find(quote, i)
+        if close == -1:
+            return None
+        escape = text.find("\\", i, close)
+        if escape == -1:
+            return close + len(quote)
+        i = escape + 2
+
+
 def _call_ends(text: str) -> list[int]:
-    """End offsets of the complete calls at the top level of the list ``text`` opens."""
-    ends, depth, quote, i = [], 0, "", 0
-    while i < len(text):
+    """End offsets of the complete calls at the top level of the list ``text`` opens.
+
+    Jumps from bracket to quote with the regex engine and ``str.find`` (C): the stream
+    rescans the growing text on every piece."""
+    ends: list[int] = []
+    depth, i = 0, 0
+    while True:
+        found = _STRUCTURAL.search(text, i)
+        if found is None:
+            return ends
+        i = found.start()
         ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif text.startswith(quote, i):
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
+        if ch in "'\"":
             quote = ch * 3 if text.startswith(ch * 3, i) else ch
-            i += len(quote) - 1
-        elif ch in "([{":
+            end = _string_end(text, i + len(quote), quote)
+            if end is None:
+                return ends
+            i = end
+            continue
+        if ch in "([{":
             depth += 1
-        elif ch in ")]}":
+        else:
             depth -= 1
             if depth == 1 and ch == ")":
                 ends.append(i + 1)
             if depth <= 0:
-                break
+                return ends
         i += 1
-    return ends
+
+
+@functools.lru_cache(maxsize=64)
+def _read_call(source: str) -> tuple[str, str] | None:
+    """``(name, arguments)`` of one call's source, or None (cached: a stream reads each
+    complete call again on every later piece)."""
+    node = _parse(source)
+    try:
+        call = _call(node) if node is not None else None
+    except _NotACall:
+        return None
+    return None if call is None else (call.name, call.arguments)
 
 
 class PythonicToolParser(ToolParser):
@@ -118,13 +154,9 @@ class PythonicToolParser(ToolParser):
             return Snapshot(len(text))
         calls, start = [], 1
         for end in _call_ends(text):
-            node = _parse(text[start:end].strip().lstrip(",").strip())
-            try:
-                call = _call(node) if node is not None else None
-            except _NotACall:
-                call = None
+            call = _read_call(text[start:end].strip().lstrip(",").strip())
             if call is None:
                 break
-            calls.append(PartialCall(call.name, call.arguments))
+            calls.append(PartialCall(*call))
             start = end
         return Snapshot(0, tuple(calls))
