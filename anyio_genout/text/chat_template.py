@@ -236,5 +236,37 @@ def chat_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
             what = "is missing" if role is None else f"must be one of {', '.join(ROLES)}, not " \
                 f"{role!r}"
             raise InvalidRequestError(f"messages[{i}].role", what)
-        result.append({**message, "content": _content_text(i, message.get("content"))})
+        found = {**message, "content": _content_text(i, message.get("content"))}
+        if role == "assistant" and isinstance(message.get("tool_calls"), list):
+            found["tool_calls"] = _tool_calls(i, message["tool_calls"])
+        result.append(found)
     return result
+
+
+def _tool_calls(index: int, calls: list[Any]) -> list[Any]:
+    """An assistant message's ``tool_calls`` with each ``function.arguments`` JSON text read
+    into its object, as vLLM (and transformers' tool-use templates) want them; empty or
+    missing arguments are ``{}``.
+
+    Raises:
+        InvalidRequestError: arguments that are not JSON (names
+            ``messages[i].tool_calls[j].function.arguments``).
+    """
+    found = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            found.append(call)
+            continue
+        arguments = function.get("arguments")
+        if not arguments:
+            arguments = {}
+        elif isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except (ValueError, RecursionError):
+                raise InvalidRequestError(
+                    f"messages[{index}].tool_calls[{j}].function.arguments",
+                    "must be a JSON text (the arguments object)") from None
+        found.append({**call, "function": {**function, "arguments": arguments}})
+    return found

@@ -235,3 +235,27 @@ async def test_auto_without_the_flag_is_refused_in_vllms_words() -> None:
             '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
             "to be set")
     assert rendered_only.status_code == 200, rendered_only.text
+
+
+#: A template that reads an earlier call's arguments as an object (as tool-use ones do).
+CALLS_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+                  "{% for c in m.tool_calls or [] %}[{{ c.function.name }} city="
+                  "{{ c.function.arguments.city }}]{% endfor %}\n{% endfor %}<assistant>")
+
+
+async def test_earlier_calls_reach_the_template_with_their_arguments_as_objects() -> None:
+    call = {"id": "chatcmpl-tool-1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    turns = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": "sunny"}]
+    broken = {**call, "function": {"name": "get_weather", "arguments": "{city: Paris"}}
+    async with scripted("It is sunny.", trust_request_chat_template=True) as s:
+        answer = await _post(s, messages=turns, tools=[WEATHER], chat_template=CALLS_TEMPLATE)
+        assert answer.status_code == 200, answer.text
+        prompt = tokenizer().decode(list(added(s.setup.engine)[-1].request.prompt_token_ids),
+                                    skip_special_tokens=False)
+        bad = await _post(s, messages=[*turns[:1], {**turns[1], "tool_calls": [broken]}],
+                          chat_template=CALLS_TEMPLATE)
+    assert "<assistant>[get_weather city=Paris]<tool>sunny<assistant>" in prompt
+    assert bad.status_code == 400, bad.text
+    assert bad.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
