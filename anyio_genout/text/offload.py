@@ -16,7 +16,8 @@ same bound while it renders.
 from __future__ import annotations
 
 import functools
-from typing import Any, Final, final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, final
 
 import anyio
 import anyio.to_thread
@@ -26,8 +27,10 @@ from .request import TextRequest
 from .template_sandbox import RenderLimitError
 from .tokenizer import Tokenizer
 
-__all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_THREADS", "Offload",
-           "check_prompt_chars", "max_prompt_chars"]
+T = TypeVar("T")
+
+__all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS",
+           "Offload", "check_prompt_chars", "max_prompt_chars", "truncation_length"]
 
 #: Texts up to this many characters are encoded on the event loop (about 130 µs at most).
 ENCODE_INLINE_CHARS: Final = 256
@@ -40,9 +43,9 @@ RENDER_THREADS: Final = 1
 
 
 def max_prompt_chars(max_model_len: int, max_chars_per_token: int) -> int:
-    """The most characters a prompt may have and still fit ``max_model_len`` tokens with
-    room for one output token."""
-    return max(max_model_len - 1, 0) * max_chars_per_token
+    """The most characters a prompt may have and still encode to at most ``max_model_len``
+    tokens (vLLM 0.32's bound: ``max_model_len * max_chars_per_token``)."""
+    return max(max_model_len, 0) * max_chars_per_token
 
 
 def check_prompt_chars(length: int, field: str, *, max_model_len: int,
@@ -50,18 +53,70 @@ def check_prompt_chars(length: int, field: str, *, max_model_len: int,
     """Refuse a prompt text of ``length`` characters that cannot fit the context.
 
     Raises:
-        InvalidRequestError: naming ``field``, with vLLM's message ("You passed N input
-            characters ... Please reduce the length of the input prompt."); ``at_least``:
+        InvalidRequestError: naming ``field``, with vLLM 0.32's message ("... your prompt
+            contains N characters (more than M characters, which is the upper bound for K
+            input tokens). Please reduce the length of the input prompt."); ``at_least``:
             the text is longer than ``length`` (a rendering stopped there).
     """
     limit = max_prompt_chars(max_model_len, max_chars_per_token)
     if length > limit:
-        passed = f"more than {limit}" if at_least else str(length)
+        passed = (f"more than {limit} characters, which" if at_least else
+                  f"{length} characters (more than {limit} characters, which")
         raise InvalidRequestError(
-            field, f"You passed {passed} input characters and requested 1 output tokens. "
-            f"However, the model's context length is only {max_model_len} tokens, "
-            f"resulting in a maximum input length of {max_model_len - 1} tokens "
-            f"(at most {limit} characters). Please reduce the length of the input prompt.")
+            field, f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, your prompt contains {passed} is the upper bound for "
+            f"{max_model_len} input tokens{'' if at_least else ')'}. "
+            f"Please reduce the length of the input prompt.")
+
+
+#: With ``truncate_prompt_tokens``, how long a chat template's output may grow (it is cut
+#: to the context's character bound before encoding): the template sandbox's value cap.
+TRUNCATED_RENDER_CHARS: Final = 1 << 24
+
+
+def truncation_length(request: TextRequest, max_model_len: int) -> int | None:
+    """How many prompt tokens ``request`` keeps (None: all), as vLLM resolves
+    ``truncate_prompt_tokens``: -1 is the context less one token for the output.
+
+    Raises:
+        InvalidRequestError: ``truncate_prompt_tokens`` above ``max_model_len`` (vLLM's
+            message).
+    """
+    keep = request.truncate_prompt_tokens
+    if keep is None:
+        return None
+    if keep < 0:
+        return max(max_model_len - 1, 0)
+    if keep > max_model_len:
+        raise InvalidRequestError(
+            "truncate_prompt_tokens", f"truncate_prompt_tokens={keep} cannot be greater than "
+            f"max_total_tokens = {max_model_len}. Please request a smaller truncation size.")
+    return keep
+
+
+def _truncated(ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """``ids`` cut to ``keep`` tokens: the last ones (``side`` "left", or None: vLLM's
+    generating tokenizers truncate on the left) or the first ones ("right")."""
+    if keep is None or keep >= len(ids):
+        return ids
+    if keep == 0:
+        return []
+    return ids[:keep] if side == "right" else ids[-keep:]
+
+
+def _truncated_within_specials(ids: list[int], tokenizer: Tokenizer, keep: int) -> list[int]:
+    """``ids`` (encoded with the special tokens) cut to ``keep`` tokens as the tokenizer's
+    own truncation cuts them, which vLLM uses when no ``truncation_side`` is given: the
+    special tokens (a BOS) stay and the text's tokens are cut on the left."""
+    specials = tokenizer.encode("", add_special_tokens=True)
+    head = 0
+    while head < len(specials) and head < len(ids) and ids[head] == specials[head]:
+        head += 1
+    tail = len(specials) - head
+    room = keep - head - tail
+    if room <= 0:
+        return _truncated(ids, keep, None)
+    return [*ids[:head], *ids[head:len(ids) - tail][-room:], *ids[len(ids) - tail:]]
 
 
 @final
@@ -90,6 +145,17 @@ class Offload:
         return await anyio.to_thread.run_sync(
             functools.partial(tokenizer.encode, text, add_special_tokens=add_special_tokens),
             limiter=self._encoding)
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """``work()``: small tokenizer work a request brings (its ``bad_words``), in an
+        encoding worker thread.
+
+        Raises:
+            Whatever ``work`` raises.
+        """
+        if self._encoding is None:
+            self._encoding = anyio.CapacityLimiter(ENCODE_THREADS)
+        return await anyio.to_thread.run_sync(work, limiter=self._encoding)
 
     async def render(self, messages: Any, *, add_generation_prompt: bool, max_chars: int,
                      template_kwargs: dict[str, Any]) -> str:
@@ -121,18 +187,21 @@ async def encode_request(offload: Offload, tokenizer: Tokenizer, request: TextRe
             tokens (unless ``allow_empty``), or malformed ``messages``.
         ChatTemplateError: no chat template, or it failed or went past its budget.
     """
+    keep = truncation_length(request, max_model_len)
+    side = request.truncation_side
     if request.prompt_token_ids is not None:
-        return None, list(request.prompt_token_ids)
+        return None, _truncated(list(request.prompt_token_ids), keep, side)
     per_token = tokenizer.max_chars_per_token
+    limit = max_prompt_chars(max_model_len, per_token)
     if request.messages is not None:
         field = "messages"
-        limit = max_prompt_chars(max_model_len, per_token)
         try:
             text = await offload.render(
                 request.messages, add_generation_prompt=request.add_generation_prompt,
-                max_chars=limit, template_kwargs=dict(request.chat_template_kwargs or {}))
+                max_chars=limit if keep is None else TRUNCATED_RENDER_CHARS,
+                template_kwargs=dict(request.chat_template_kwargs or {}))
         except RenderLimitError as exc:
-            if exc.kind != "output":
+            if exc.kind != "output" or keep is not None:
                 raise
             check_prompt_chars(limit + 1, field, max_model_len=max_model_len,
                                max_chars_per_token=per_token, at_least=True)
@@ -142,10 +211,21 @@ async def encode_request(offload: Offload, tokenizer: Tokenizer, request: TextRe
         assert request.prompt is not None
         field = "prompt"
         text = request.prompt
-        check_prompt_chars(len(text), field, max_model_len=max_model_len,
-                           max_chars_per_token=per_token)
+        if keep is None:
+            check_prompt_chars(len(text), field, max_model_len=max_model_len,
+                               max_chars_per_token=per_token)
         add = True if request.add_special_tokens is None else request.add_special_tokens
+    if keep is not None and len(text) > limit:
+        # As vLLM: a text that must be truncated anyway is first cut to the characters
+        # that can hold the context's tokens, on the side truncation keeps, so encoding
+        # it costs what a prompt that fits costs.
+        text = text[:limit] if side == "right" else text[-limit:]
     ids = await offload.encode(text, add_special_tokens=add)
+    if keep is not None and keep < len(ids):
+        if side is None and add:
+            ids = _truncated_within_specials(ids, tokenizer, keep)
+        else:
+            ids = _truncated(ids, keep, side)
     if not ids and not allow_empty:
         raise InvalidRequestError(field, "encodes to no tokens (the prompt must not be "
                                   "empty)")

@@ -65,6 +65,14 @@ class TextRequest:
       rendered prompt is cut after the last message's content, for the model to go on
       with it.
 
+    * ``bad_words``: words never generated, as vLLM bans them (each word's token sequence,
+      and the one with a leading space where that differs: :mod:`.bad_words`).
+    * ``truncate_prompt_tokens``: keep only that many prompt tokens (-1: the context less
+      one), cut on ``truncation_side``: "left" keeps the last ones, "right" the first
+      ones; None (vLLM's default for a generating model) keeps the tokenizer's special
+      tokens (BOS) and the last of the text's. A text that must be cut is not refused for
+      its length.
+
     ``request_id`` (default: ``"text-"`` and random hex), ``arrival_time``, ``cache_salt``,
     ``trace_headers``, ``priority``, ``data_parallel_rank`` and ``lora_request`` pass to the
     :class:`~anyio_genout.GenerateRequest` underneath.
@@ -89,6 +97,9 @@ class TextRequest:
     priority: int = 0
     data_parallel_rank: int | None = None
     lora_request: LoRARequest | None = None
+    bad_words: tuple[str, ...] = attrs.field(default=(), converter=_stop)
+    truncate_prompt_tokens: int | None = None
+    truncation_side: str | None = None
 
 
 def _check_bool(value: object, field: str) -> None:
@@ -138,14 +149,8 @@ def check_text_request(request: TextRequest) -> None:
                 raise InvalidRequestError(f"messages[{i}]", "must be a mapping with 'role' "
                                           f"and 'content', got {type(message).__name__}")
             _check_message_text(message, f"messages[{i}]")
-    stop = request.stop
-    if not isinstance(stop, tuple):
-        raise InvalidRequestError("stop", f"must be a string or a list of strings, got "
-                                  f"{type(stop).__name__}")
+    stop = _strings(request.stop, "stop")
     for i, text in enumerate(stop):
-        if not isinstance(text, str):
-            raise InvalidRequestError(f"stop[{i}]", f"must be a string, got "
-                                      f"{type(text).__name__}")
         if not text:
             raise InvalidRequestError(f"stop[{i}]", "must not be an empty string")
         check_text(text, f"stop[{i}]")
@@ -157,6 +162,15 @@ def check_text_request(request: TextRequest) -> None:
     if stop and not request.detokenize:
         raise InvalidRequestError("stop", "stop strings need detokenize=True (the text is "
                                   "where they are matched)")
+    for i, word in enumerate(_strings(request.bad_words, "bad_words")):
+        check_text(word, f"bad_words[{i}]")
+    keep = request.truncate_prompt_tokens
+    if keep is not None and (type(keep) is not int or keep < -1):
+        raise InvalidRequestError("truncate_prompt_tokens", f"must be an integer >= -1, got "
+                                  f"{keep!r}")
+    if request.truncation_side not in (None, "left", "right"):
+        raise InvalidRequestError("truncation_side", "`truncation_side` must be either "
+                                  "'left' or 'right'.")
     kwargs = request.chat_template_kwargs
     if kwargs is not None:
         if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
@@ -166,6 +180,19 @@ def check_text_request(request: TextRequest) -> None:
         if reserved:
             raise InvalidRequestError("chat_template_kwargs", f"must not set "
                                       f"{', '.join(reserved)} (fields of the request)")
+
+
+def _strings(value: object, field: str) -> tuple[str, ...]:
+    """``value`` if it is a tuple of strings (what the converter makes of a list), else an
+    InvalidRequestError naming ``field`` or its bad item."""
+    if not isinstance(value, tuple):
+        raise InvalidRequestError(field, f"must be a string or a list of strings, got "
+                                  f"{type(value).__name__}")
+    for i, text in enumerate(value):
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{field}[{i}]", f"must be a string, got "
+                                      f"{type(text).__name__}")
+    return value
 
 
 def _check_message_text(message: Mapping[Any, Any], field: str) -> None:

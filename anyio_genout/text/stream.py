@@ -16,6 +16,7 @@ leaving it never awaits anything that blocks: an async generator may wrap it
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -34,6 +35,7 @@ from ..generate import (
 )
 from ..generate.stop_sequences import cut_at_stop
 from ..protocol import SamplingParams
+from .bad_words import bad_words_token_ids
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
 from .offload import Offload, encode_request
@@ -154,9 +156,13 @@ class TextStream:
         tokenizer = self._tokenizer
         self._prompt, ids = await encode_request(self._offload, tokenizer, request,
                                                  max_model_len=self._client.engine.max_model_len)
+        params = self._eos.fill(request.sampling_params)
+        if request.bad_words:
+            params = attrs.evolve(params, bad_words_token_ids=await self._offload.run(
+                functools.partial(bad_words_token_ids, tokenizer, request.bad_words)))
         generate_request = GenerateRequest(
             request_id=request.request_id, prompt_token_ids=ids,
-            sampling_params=self._eos.fill(request.sampling_params),
+            sampling_params=params,
             arrival_time=arrival if request.arrival_time is None else request.arrival_time,
             cache_salt=request.cache_salt, trace_headers=request.trace_headers,
             priority=request.priority, data_parallel_rank=request.data_parallel_rank,

@@ -133,8 +133,8 @@ def test_a_text_prompt_too_long_for_the_context_is_refused_before_it_is_encoded(
     assert done.stdout == ""
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
-    assert "You passed 60000 input characters" in line
-    assert "context length is only 4096 tokens" in line
+    assert "your prompt contains 60000 characters (more than 49152 characters" in line
+    assert "maximum context length is 4096 tokens" in line
 
 
 def test_logprobs_prints_one_line_per_token_with_the_top_n() -> None:

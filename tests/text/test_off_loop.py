@@ -63,7 +63,7 @@ async def test_entering_encodes_a_long_prompt_in_a_worker_thread() -> None:
 
 async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_encoded() -> None:
     async with text_client() as setup:
-        limit = 4095 * tokenizer().max_chars_per_token
+        limit = 4096 * tokenizer().max_chars_per_token
         for request, field in ((TextRequest(prompt=HUGE), "prompt"),
                                (TextRequest(messages=[{"role": "user", "content": HUGE}]),
                                 "messages")):
@@ -73,10 +73,14 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_it_is_encoded() -> Non
                     pass
             assert time.perf_counter() - start < 0.5  # encoding it would take 1-2 s
             assert caught.value.field == field
-            assert "However, the model's context length is only 4096 tokens, resulting in " \
-                   f"a maximum input length of 4095 tokens (at most {limit} characters). " \
-                   "Please reduce the length of the input prompt." in str(caught.value)
-        with pytest.raises(InvalidRequestError, match=f"You passed {len(HUGE)} input"):
+            shown = (f"{len(HUGE)} characters (more than {limit} characters, which is the "
+                     "upper bound for 4096 input tokens)" if field == "prompt" else
+                     f"more than {limit} characters, which is the upper bound for 4096 "
+                     "input tokens")  # the rendering stopped at the bound
+            assert "This model's maximum context length is 4096 tokens. However, your " \
+                   f"prompt contains {shown}. Please reduce the length of the input " \
+                   "prompt." in str(caught.value)
+        with pytest.raises(InvalidRequestError, match=f"prompt contains {len(HUGE)} char"):
             await setup.text.encode(TextRequest(prompt=HUGE))
         # Just under the bound is fine (and encoded).
         fits = "a" * limit
