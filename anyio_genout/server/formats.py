@@ -320,7 +320,7 @@ class ChatFormat(Format):
         self._echo_text = echo_text or ""
         self._parsing = parsing
         self._parse_streams: dict[int, ChatStream] = {}  # by choice index
-        if parsing is not None and not parsing.include_reasoning:
+        if parsing is not None and parsing.hide_logprobs:
             self.top = None  # hidden reasoning hides the logprobs too, as vLLM's do
 
     def _plain(self, index: int) -> bool:

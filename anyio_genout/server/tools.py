@@ -131,13 +131,15 @@ class ChatParsing:
     """How one chat request's output is read: ``parser`` (reasoning first, then tool
     calls, in vLLM's order), the request's ``tool_choice`` kind (``mode``: ``"none"``,
     ``"auto"``, ``"required"`` or ``"named"``), whether more than one call is kept
-    (``parallel_tool_calls``) and whether reasoning is shown (``include_reasoning``;
-    hidden reasoning also hides logprobs, as vLLM does)."""
+    (``parallel_tool_calls``), whether reasoning is shown (``include_reasoning``) and
+    whether the logprobs are hidden (``hide_logprobs``: vLLM hides them with the reasoning
+    whenever the server has a parser)."""
 
     parser: OutputParser
     mode: str
     parallel_tool_calls: bool = True
     include_reasoning: bool = True
+    hide_logprobs: bool = False
 
     @property
     def shows_reasoning_field(self) -> bool:
@@ -359,7 +361,8 @@ def plan_tools(body: Any, serving: ToolServing, *, template_kwargs: Mapping[str,
         parser = OutputParser(serving.tool_parser if serving.auto else None, reasoning,
                               "auto" if mode == "named" else mode, named)
         parsing = ChatParsing(parser, mode, body.parallel_tool_calls is not False,
-                              bool(body.include_reasoning))
+                              bool(body.include_reasoning),
+                              serving.parses and not body.include_reasoning)
     keep = (mode != "none" and tools is not None and serving.auto
             and isinstance(serving.tool_parser, _KEEP_SPECIAL_TOKENS))
     return ToolPlan(extra, schema, parsing, keep)

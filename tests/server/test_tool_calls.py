@@ -136,7 +136,8 @@ async def test_reasoning_is_split_off_whole_and_streamed() -> None:
     async with scripted(script, reasoning_parser="deepseek_r1") as s:
         whole, final, chunks = await _both(s)
         hidden, hidden_streamed, hidden_chunks = await _both(
-            s, extra_body={"include_reasoning": False})
+            s, extra_body={"include_reasoning": False}, logprobs=True)
+        shown, _, _ = await _both(s, logprobs=True)
     message = whole.choices[0].message
     assert message.content == "It is sunny."
     assert message.model_extra["reasoning"] == "Paris is in France."
@@ -145,6 +146,9 @@ async def test_reasoning_is_split_off_whole_and_streamed() -> None:
                                  for c in chunks if c.choices)
     assert streamed_reasoning == "Paris is in France."
     assert hidden.choices[0].message.content == "It is sunny."
+    # hidden reasoning hides the logprobs too (their tokens would show it), as vLLM's
+    assert hidden.choices[0].logprobs is None and shown.choices[0].logprobs is not None
+    assert all(c.choices[0].logprobs is None for c in hidden_chunks if c.choices)
     assert hidden.choices[0].message.model_extra["reasoning"] is None
     assert hidden_streamed.choices[0].message.content == "It is sunny."
     assert not any((c.choices[0].delta.model_extra or {}).get("reasoning")
