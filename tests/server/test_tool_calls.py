@@ -263,3 +263,31 @@ async def test_earlier_calls_reach_the_template_with_their_arguments_as_objects(
     assert "<assistant>[get_weather city=Paris]<tool>sunny<assistant>" in prompt
     assert bad.status_code == 400, bad.text
     assert bad.json()["error"]["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
+EFFORT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                   "[effort={{ reasoning_effort }} thinking={{ enable_thinking }}]<assistant>")
+
+
+async def test_reasoning_effort_reaches_the_template_and_switches_thinking() -> None:
+    script = "<think>hm</think>Sunny."
+    async with scripted(script, reasoning_parser="qwen3",
+                        trust_request_chat_template=True) as s:
+        def prompt() -> str:
+            ids = list(added(s.setup.engine)[-1].request.prompt_token_ids)
+            return tokenizer().decode(ids, skip_special_tokens=False)
+
+        low = await _post(s, reasoning_effort="low", chat_template=EFFORT_TEMPLATE,
+                          max_tokens=50)
+        assert "[effort=low thinking=True]" in prompt()
+        off = await _post(s, reasoning_effort="none", chat_template=EFFORT_TEMPLATE,
+                          max_tokens=50)
+        assert "[effort=none thinking=False]" in prompt()
+        kept = await _post(s, reasoning_effort="none", chat_template=EFFORT_TEMPLATE,
+                           chat_template_kwargs={"enable_thinking": True}, max_tokens=50)
+        assert "[effort=none thinking=True]" in prompt()  # the request's own wins
+    assert low.json()["choices"][0]["message"]["reasoning"] == "hm"
+    # thinking off: the qwen3 parser reads it all as content, as vLLM's does
+    message = off.json()["choices"][0]["message"]
+    assert message["reasoning"] is None and message["content"] == script
+    assert kept.json()["choices"][0]["message"]["reasoning"] == "hm"
