@@ -15,6 +15,7 @@ from anyio_genout.protocol import (
     ENGINE_CORE_DEAD,
     EngineCoreEventType,
     EngineCoreFinishReason,
+    EngineCoreOutputs,
     RequestBatch,
     UtilityReply,
     decode_outputs,
@@ -314,12 +315,20 @@ async def test_late_outputs_after_abort() -> None:
         await front.abort("a")
         await wait_until(lambda: engine.abort_frames == 1)
         frozen = await front.quiet(seconds=0.05)
-        assert all(unpack(m[0])[1] == [] for m in frozen)  # nothing steps (stats only)
+        assert all(_batch(m).outputs == [] for m in frozen)  # nothing steps (stats only)
         await front.call("resume_scheduler")
         messages = await front.quiet(seconds=0.2)
         assert engine.running_ids == []
-    late = [o for m in messages for o in unpack(m[0])[1] if o[0] == "a"]
-    assert len(late) == 2 and all(o[5] is None for o in late)  # tokens, never a finish
+    late = [o for m in messages for o in _batch(m).outputs if o.request_id == "a"]
+    assert len(late) == 2 and all(o.finish_reason is None for o in late)  # never a finish
+    assert all(o.new_token_ids for o in late)  # tokens
+
+
+def _batch(raw: list[bytes]) -> EngineCoreOutputs:
+    """The outputs message of ``raw`` (a batch of outputs or a utility reply)."""
+    message = decode_outputs(raw)
+    assert isinstance(message, RequestBatch | UtilityReply)
+    return message.message
 
 
 async def test_preemption() -> None:
@@ -356,10 +365,20 @@ async def test_abort_on_shutdown() -> None:
 
 
 async def test_plain_shutdown_is_silent() -> None:
+    """Without ``abort_on_shutdown`` a stopped engine just stops (contrast
+    test_abort_on_shutdown): what was in flight has no finished output and no ABORT, and
+    no step comes after."""
     async with running_engine(step_time=0.01) as (_, front):
         await front.add("k", PROMPT, greedy(1000))
-        await front.receive_rows_raw()
+        await front.receive_rows_raw()  # it runs
         front.stop_engine()
-        await anyio.sleep(0.05)
-        messages = await front.quiet(seconds=0.1)
-    assert all(unpack(m[0])[5] is None for m in messages)
+        late = await front.quiet(seconds=0.1)
+        after = await front.quiet(seconds=0.2)
+    for raw in late:
+        message = decode_outputs(raw)
+        assert isinstance(message, RequestBatch)
+        assert not message.message.finished_requests
+        assert all(out.finish_reason is None for out in message.message.outputs)
+    assert after == []  # it stopped stepping
+
+
