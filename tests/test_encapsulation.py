@@ -26,6 +26,7 @@ def _defined_private(tree: ast.AST) -> set[str]:
     """Underscore names a module defines: its functions, classes, module and class names,
     ``self._x`` / ``cls._x`` attributes and ``__slots__``/string entries."""
     names: set[str] = set()
+    named = {id(node) for node in _named_attributes(tree)}
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
@@ -36,9 +37,27 @@ def _defined_private(tree: ast.AST) -> set[str]:
             names.add(node.id)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and id(node) not in named:
             names.add(node.value)
     return {name for name in names if name.startswith("_")}
+
+
+#: Builtins that take an attribute's name as a string.
+_BY_NAME = frozenset({"getattr", "setattr", "delattr", "hasattr"})
+
+
+def _named_attributes(tree: ast.AST) -> list[ast.Constant]:
+    """The string constants naming an attribute in ``getattr(obj, "name", ...)`` and its
+    kin: an access by name, which the check treats as ``obj.name``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in _BY_NAME and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str):
+            found.append(node.args[1])
+    return found
 
 
 def foreign_private_uses(source: str) -> list[tuple[int, str]]:
@@ -56,6 +75,11 @@ def foreign_private_uses(source: str) -> list[tuple[int, str]]:
             continue
         if name not in own:
             found.append((node.lineno, name))
+    for constant in _named_attributes(tree):
+        name = constant.value
+        if name.startswith("_") and not name.startswith("__") and name not in own \
+                and name not in FOREIGN_PRIVATE:
+            found.append((constant.lineno, name))
     return sorted(found)
 
 
@@ -80,6 +104,9 @@ def test_no_module_is_larger_than_the_limit(path: Path) -> None:
      "    def same(self, other):\n        return other._x\n", []),
     ("import sys\nsys._getframe(0)\n", []),
     ("def f(p):\n    return p.__class__\n", []),
+    ("def f(engine):\n    return getattr(engine, '_dispatch', None)\n", [(2, "_dispatch")]),
+    ("def f(engine, g):\n    setattr(engine, '_dispatch', g)\n", [(2, "_dispatch")]),
+    ("def f(p):\n    return getattr(p, 'name')\n", []),
 ])
 def test_the_check_finds_foreign_private_names(source: str,
                                                expected: list[tuple[int, str]]) -> None:

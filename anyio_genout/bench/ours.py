@@ -157,26 +157,23 @@ async def _batching(client: Client, spec: CellSpec, ids: tuple[int, ...]) -> Res
     outputs share a message depends on how fast requests reach it: per-message costs are
     amortised over that many outputs.
     """
-    engine = client.engine
-    original = getattr(engine, "_dispatch", None)
-    if original is None:  # pragma: no cover - the engine client changed shape
-        return {}
     messages = 0
+    counting = True
 
-    def counting(frames: Any) -> None:
+    def count(_engine: int, _tokens: int) -> None:  # once per message with outputs
         nonlocal messages
-        messages += 1
-        original(frames)
+        if counting:
+            messages += 1
 
+    client.engine.add_batch_listener(count)  # stays on the client, idle after this round
     gate = gate_rounds(spec)
     if gate:
         await client.engine.pause_scheduler("keep", False)
-    setattr(engine, "_dispatch", counting)  # noqa: B010 - an instance attribute, on purpose
     try:
         tokens = await run_streams(client, spec.concurrency, spec.tokens, ids, "count",
-                                release=gate)
+                                   release=gate)
     finally:
-        delattr(engine, "_dispatch")
+        counting = False
     return {"messages_per_round": messages, "gated": gate,
             "outputs_per_message": tokens / messages if messages else None}
 
