@@ -17,7 +17,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Final
 
 import anyio
@@ -101,15 +101,24 @@ def _server() -> Any:
     return app, errors, requests, response
 
 
+def _tool_serving(tool_flags: Mapping[str, Any] | None) -> Any:
+    """The server's ``ToolServing`` of ``run``'s tool flags (``enable_auto_tool_choice``,
+    ``tool_call_parser``, ``reasoning_parser``; checked by ``check_tool_args``)."""
+    from ..server.tools import ToolServing
+
+    return ToolServing.from_names(**(tool_flags or {}))
+
+
 def _choices(requests: Any, max_n: int, url: str, body: Any, max_model_len: int | None,
-             vocab_size: int | None) -> Any:
+             vocab_size: int | None, tools: Any = None) -> Any:
     """The server's choices of ``body`` (its ``requests.Choices``), as the server makes
-    them with its default ``max_n``. Raises the server's ``ApiError`` (400 naming the
-    field)."""
+    them with its default ``max_n`` and ``tools`` (a ``ToolServing``). Raises the
+    server's ``ApiError`` (400 naming the field)."""
     if url == COMPLETIONS_URL:
         return requests.completion_choices(body, max_n=max_n, max_model_len=max_model_len,
                                            vocab_size=vocab_size)
-    return requests.chat_choices(body, max_n=max_n, max_model_len=max_model_len)
+    return requests.chat_choices(body, max_n=max_n, max_model_len=max_model_len,
+                                 tool_serving=tools)
 
 
 class BatchParser:
@@ -120,10 +129,11 @@ class BatchParser:
     and an invalid ``body`` give the item its error line instead.
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, tool_flags: Mapping[str, Any] | None = None) -> None:
         app, self._errors, self._requests, _ = _server()
         self._max_n: int = app.MAX_N
         self._model = model
+        self._tools = _tool_serving(tool_flags)
 
     def parse(self, number: int, line: bytes) -> BatchItem:
         value = decode_line(number, line)
@@ -180,7 +190,7 @@ class BatchParser:
         if parsed.model is None:
             parsed = parsed.model_copy(update={"model": self._model})
         for request in _choices(self._requests, self._max_n, url, parsed, None,
-                                None).requests:
+                                None, self._tools).requests:
             try:
                 check_text_request(request)
             except InvalidRequestError as exc:
@@ -193,10 +203,12 @@ class BatchRunner:
     runs as the server runs it (its choices, its ``TextResponse``), so the response bodies
     are the server's."""
 
-    def __init__(self, text_client: TextClient) -> None:
+    def __init__(self, text_client: TextClient,
+                 tool_flags: Mapping[str, Any] | None = None) -> None:
         self._text = text_client
         app, self._errors, self._requests, self._response = _server()
         self._max_n: int = app.MAX_N
+        self._tools = _tool_serving(tool_flags)
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""
@@ -205,7 +217,8 @@ class BatchRunner:
         tokenizer = self._text.tokenizer
         try:
             plan = _choices(self._requests, self._max_n, item.url, item.body,
-                            self._text.client.engine.max_model_len, tokenizer.vocab_size)
+                            self._text.client.engine.max_model_len, tokenizer.vocab_size,
+                            self._tools)
         except self._errors.ApiError as exc:
             line = output_line(item.custom_id, exc.status, None,
                                self._errors.error_body(exc.status, exc.message, exc.param))

@@ -46,6 +46,7 @@ from .run_input import (
 )
 from .run_output import EXIT_BAD_INPUT, Job, open_output, run_one
 from .run_resume import DoneIds, read_done
+from .serve_vllm import add_tool_options, check_tool_args
 from .text_model import NO_TOKENIZER, add_model_option, load_tokenizer
 
 __all__ = ["BadLine", "DoneIds", "Job", "LineParser", "LineReader", "Scan", "add_parser",
@@ -83,9 +84,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                              "only)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress lines while running (default: off)")
+    add_tool_options(parser)
     add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)
+
+
+def _tool_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The tool flags as the server's ``ToolServing.from_names`` takes them (OpenAI batch
+    lines' chat bodies are served with them, as ``vllm run-batch`` serves them)."""
+    return {"enable_auto_tool_choice": args.enable_auto_tool_choice,
+            "tool_call_parser": args.tool_call_parser,
+            "reasoning_parser": args.reasoning_parser}
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -94,6 +104,7 @@ async def run(args: argparse.Namespace) -> int:
     if (args.input is None) == (args.input_file is None):
         raise UsageError("give the input file once: INPUT or -i/--input-file")
     args.input = args.input if args.input is not None else args.input_file
+    check_tool_args(args)
     source = open_input(args.input)
     try:
         if args.strict and not source.seekable():
@@ -128,9 +139,11 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
                 raise UsageError(f"OpenAI batch lines {NO_TOKENIZER}")
             model = str(args.model or args.vllm_model or args.model_name or "anyio-genout")
             parser: LineParser | BatchParser = (
-                BatchParser(model) if batch else LineParser(repeated, text=text))
+                BatchParser(model, _tool_flags(args)) if batch
+                else LineParser(repeated, text=text))
             if args.strict:
-                problems = await in_thread(check_all, source, BatchParser(model) if batch
+                problems = await in_thread(check_all, source,
+                                           BatchParser(model, _tool_flags(args)) if batch
                                            else LineParser(repeated, text=text))
                 if problems:
                     print(f"anyio-genout: {problems} invalid line(s); nothing was run "
@@ -174,7 +187,8 @@ async def _serve(args: argparse.Namespace, client: Client, lines: LineReader,
         job.restart()
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.show)
-            runner = (BatchRunner(text_client) if isinstance(parser, BatchParser)
+            runner = (BatchRunner(text_client, _tool_flags(args))
+                      if isinstance(parser, BatchParser)
                       and text_client is not None else None)
             await run_all(client, lines, parser, done, args.concurrency, out, job,
                           text_client, batch=runner)

@@ -23,7 +23,8 @@ from ..text.tokenizer import Tokenizer
 from .options import check_address
 from .text_model import load_tokenizer, tokenizer_folder
 
-__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "check_vllm_args", "serve_tokenizer"]
+__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "add_tool_options", "check_tool_args",
+           "check_vllm_args", "serve_tokenizer"]
 
 #: vLLM's ``--data-parallel-rpc-port`` default.
 DEFAULT_RPC_PORT = 29550
@@ -80,6 +81,12 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
                             "starts (default: 20, vLLM's)")
+    add_tool_options(parser)
+
+
+def add_tool_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--enable-auto-tool-choice``, ``--tool-call-parser``, ``--reasoning-parser``
+    (``serve`` and ``run``, as ``vllm serve`` and ``vllm run-batch`` take them)."""
     tools = parser.add_argument_group("tool calls and reasoning (chat completions)")
     tools.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="serve tool_choice='auto' (and tools without a tool_choice) "
@@ -102,7 +109,7 @@ def check_vllm_args(args: argparse.Namespace) -> None:
     ``--handshake-address``; an SSL file alone or unreadable; ``--uds`` with several
     server processes.
     """
-    _check_parsers(args)
+    check_tool_args(args)
     if args.data_parallel_address is not None or args.data_parallel_rpc_port is not None:
         if args.handshake_address is not None:
             raise UsageError("give --data-parallel-address/--data-parallel-rpc-port or "
@@ -147,7 +154,7 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         raise UsageError("--uds with --api-server-count above 1 is not supported yet")
 
 
-def _check_parsers(args: argparse.Namespace) -> None:
+def check_tool_args(args: argparse.Namespace) -> None:
     """Refuse an unknown parser name (one line listing the known ones), and
     ``--enable-auto-tool-choice`` without ``--tool-call-parser`` (as vLLM does)."""
     try:
