@@ -18,6 +18,7 @@ import attrs
 
 from ..errors import InvalidRequestError, UsageError
 from ..parsers import reasoning_parser_class, tool_parser
+from ..parsers.registry import REASONING_PARSERS
 from ..text.model_dir import read_model_files
 from ..text.tokenizer import Tokenizer
 from .options import check_address
@@ -137,6 +138,9 @@ def check_vllm_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--max-logprobs must be -1 or more, got {args.max_logprobs}")
         if args.vllm_model:
             engine_flags = [*engine_flags, f"--max-logprobs={args.max_logprobs}"]
+    if args.reasoning_parser in REASONING_PARSERS and args.vllm_model:
+        # vLLM's own flag too: the engine's structured outputs wait for the reasoning's end
+        engine_flags = [*engine_flags, f"--reasoning-parser={args.reasoning_parser}"]
     args.vllm_arg = [*args.vllm_arg, *engine_flags]
     args.engine_flags = []
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
