@@ -2,7 +2,8 @@
 ``--reasoning-parser``), sans I/O: text in, content, reasoning and tool calls out.
 
 * :func:`tool_parser` (``hermes``, ``qwen3_json``, ``llama3_json``, ``llama4_json``,
-  ``pythonic``, ``qwen3_xml``, ``qwen3_coder``, ``deepseek_v3``, or a plugin's) and
+  ``mistral``, ``pythonic``, ``qwen3_xml``, ``qwen3_coder``, ``deepseek_v3``, or a
+  plugin's) and
   :func:`reasoning_parser_class` (``deepseek_r1``, ``qwen3``, or a plugin's): see
   :mod:`.registry`;
 * :class:`OutputParser` puts them together with a request's ``tool_choice``:
@@ -17,6 +18,7 @@ docs/server.md, "Tool calls and reasoning".
 
 from .base import PartialCall, Snapshot, ToolCallStream, ToolParser
 from .compose import OutputParser, OutputStream
+from .mistral import MistralToolParser
 from .reasoning import ReasoningParser, ReasoningStream
 from .registry import (
     reasoning_parser_class,
@@ -27,8 +29,8 @@ from .registry import (
 from .schema import tool_choice_json_schema
 from .types import DeltaMessage, ParsedOutput, ToolCall, ToolCallDelta, ToolCallsResult
 
-__all__ = ["DeltaMessage", "OutputParser", "OutputStream", "ParsedOutput", "PartialCall",
-           "ReasoningParser", "ReasoningStream", "Snapshot", "ToolCall", "ToolCallDelta",
-           "ToolCallStream", "ToolCallsResult", "ToolParser", "reasoning_parser_class",
-           "reasoning_parser_names", "tool_choice_json_schema", "tool_parser",
-           "tool_parser_names"]
+__all__ = ["DeltaMessage", "MistralToolParser", "OutputParser", "OutputStream",
+           "ParsedOutput", "PartialCall", "ReasoningParser", "ReasoningStream", "Snapshot",
+           "ToolCall", "ToolCallDelta", "ToolCallStream", "ToolCallsResult", "ToolParser",
+           "reasoning_parser_class", "reasoning_parser_names", "tool_choice_json_schema",
+           "tool_parser", "tool_parser_names"]

@@ -20,6 +20,7 @@ from .base import ToolParser
 from .deepseek import DeepSeekV3ToolParser
 from .hermes import HermesToolParser
 from .llama import Llama3JsonToolParser
+from .mistral import MistralToolParser
 from .pythonic import PythonicToolParser
 from .qwen3_xml import Qwen3XmlToolParser
 from .reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, ReasoningParser
@@ -36,6 +37,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "qwen3_json": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "llama4_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
     "qwen3_xml": Qwen3XmlToolParser,
