@@ -38,7 +38,8 @@ from ..parsers.hermes import HermesToolParser
 from ..parsers.qwen3_xml import Qwen3XmlToolParser
 from .errors import ApiError
 
-__all__ = ["AUTO_NEEDS_FLAGS", "ChatParsing", "ToolPlan", "ToolServing", "plan_tools",
+__all__ = ["AUTO_NEEDS_FLAGS", "ChatParsing", "ToolPlan", "ToolServing", "check_tools",
+           "plan_tools",
            "tool_call_json", "tool_delta_json"]
 
 #: vLLM's answer to ``tool_choice="auto"`` (or tools without a tool_choice) on a server
@@ -228,7 +229,7 @@ class ToolPlan:
     keep_special_tokens: bool = False
 
 
-def _check_tools(tools: Any) -> list[dict[str, Any]]:
+def check_tools(tools: Any) -> list[dict[str, Any]]:
     """The tools as the template gets them (transformers' shape: ``{"type": "function",
     "function": {"name", "description", "parameters", ...}}``); raises ApiError (400)
     naming the bad part."""
@@ -264,13 +265,27 @@ def _check_tools(tools: Any) -> list[dict[str, Any]]:
             raise _refuse(f"invalid request: {where}.function.parameters: must be a JSON "
                           f"schema object, not {type(parameters).__name__}",
                           f"{where}.function.parameters")
-        strict = function.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise _refuse(f"invalid request: {where}.function.strict: must be a boolean",
-                          f"{where}.function.strict")
-        found.append({"type": "function", "function": {
-            **function, "name": name, "description": description,
-            "parameters": None if parameters is None else dict(parameters)}})
+        flags: dict[str, bool] = {}
+        for key, value in (("strict", function.get("strict")),
+                           ("defer_loading", function.get("defer_loading"))):
+            if value is not None and not isinstance(value, bool):
+                raise _refuse(f"invalid request: {where}.function.{key}: must be a boolean",
+                              f"{where}.function.{key}")
+            if value is not None:
+                flags[key] = value
+        deferred = tool.get("defer_loading")
+        if deferred is not None and not isinstance(deferred, bool):
+            raise _refuse(f"invalid request: {where}.defer_loading: must be a boolean",
+                          f"{where}.defer_loading")
+        if deferred is not None:
+            flags.setdefault("defer_loading", deferred)
+        # vLLM's ChatCompletionToolsParam.model_dump(): its fields only, the flags if set
+        entry: dict[str, Any] = {"type": "function", "function": {
+            "name": name, "description": description,
+            "parameters": None if parameters is None else dict(parameters), **flags}}
+        if deferred is not None:
+            entry["defer_loading"] = deferred
+        found.append(entry)
     return found
 
 
@@ -320,7 +335,7 @@ def plan_tools(body: Any, serving: ToolServing, *, template_kwargs: Mapping[str,
     named function.
     """
     given = body.model_fields_set
-    tools = None if body.tools is None else _check_tools(body.tools)
+    tools = None if body.tools is None else check_tools(body.tools)
     if "tool_choice" in given:
         mode, named = _check_choice(body.tool_choice, tools)
     else:

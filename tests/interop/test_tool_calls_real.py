@@ -12,6 +12,7 @@ their tool's parameters, whole and streamed, and the finish reasons are vLLM's
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import openai
 import pytest
 
 from anyio_genout.server import create_app
+from anyio_genout.server.tools import check_tools
 from tests.server.support import serving
 
 from .conftest import INTEROP_TIMEOUT
@@ -117,3 +119,19 @@ async def test_a_named_function_gives_its_arguments(api: openai.AsyncOpenAI) -> 
         for answer in (whole, streamed):
             assert _valid_calls(answer) == ["set_alarm"], answer
             assert answer.choices[0].finish_reason == "stop"  # vLLM's: named keeps stop
+
+
+@pytest.mark.parametrize("tool", [
+    {"type": "function", "function": {"name": "f"}},
+    {"function": {"name": "f", "description": "d", "parameters": {"type": "object"},
+                  "strict": True}},
+    {"type": "function", "function": {"name": "f", "extra": 1, "defer_loading": False}},
+    {"type": "function", "defer_loading": True, "function": {"name": "f"}},
+])
+def test_the_template_gets_the_tools_as_vllm_dumps_them(tool: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pytest.importorskip("vllm", reason="needs vLLM (the interop venv)")
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    theirs = ChatCompletionToolsParam.model_validate(tool).model_dump()
+    assert check_tools([tool]) == [theirs]
