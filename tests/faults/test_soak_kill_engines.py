@@ -1,4 +1,4 @@
-"""A few seconds of ``tools/soak.py --kill-engines`` on every backend: engines killed and
+"""Three seconds of ``tools/soak.py --kill-engines`` on every backend: engines killed and
 restarted at random under load, migration on; nothing lost, nothing leaked (the 60 s runs
 are ``nox -s soak -- --kill-engines``, figures in docs/reliability.md)."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_engines_killed_and_restarted_under_load_lose_nothing() -> None:
-    args = argparse.Namespace(duration=5.0, engines=3, workers=16, migration_limit=3,
+    args = argparse.Namespace(duration=3.0, engines=3, workers=16, migration_limit=3,
                               seed=7, backend="test")
     lines: list[str] = []
     problems = await kill_engines_soak(args, lines.append, lambda: 0)

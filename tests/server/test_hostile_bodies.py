@@ -141,6 +141,11 @@ HANG_UPS: list[tuple[bytes, bytes, int]] = [
 ]
 
 
+#: Hang-up rounds per backend, each sending every one of HANG_UPS (120 hang-ups in all, 40
+#: per way of hanging up): trio's BusyResourceError came about once in four closes.
+ROUNDS = 30
+
+
 @pytest.mark.parametrize("backend", ["trio", "asyncio", "uvloop"])
 def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -> None:
     statuses: dict[str, set[int | None]] = {}
@@ -149,13 +154,13 @@ def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -
         statuses.setdefault(what, set()).add(status)
 
     with _server(backend) as (port, log):
-        for i in range(60):
+        for i in range(ROUNDS):
             for path, headers, want in HANG_UPS:
                 hang_up = ("close", "shut", "reset")[i % 3]
                 status = _status(_chunked_until_answered(port, path, headers, hang_up))
                 assert status in (want, None), (path, headers, status)
                 record(f"{path!r} {want}", status)
-        for _ in range(20):
+        for _ in range(ROUNDS // 3):
             _partial_then_gone(port, b"/v1/completions", AUTH)
             invalid = _whole(port, b"/v1/completions", AUTH + b"content-length: 9\r\n",
                              b"not json!")
