@@ -9,10 +9,12 @@ the uvloop cases run is chosen by ``--uvloop`` (default ``layers``):
   tests``.
 * ``all``: every async test on all three backends.
 * ``only``: only the uvloop cases, of every async test in the suite (``nox -s tests-uvloop``);
-  tests that do not run on this fixture's uvloop case are deselected.
+  every other test is deselected.
 
 A test that parametrizes ``anyio_backend`` itself, or a module that overrides the fixture,
-runs what it names whatever the option says.
+runs what it names whatever the option says. A case marked ``pytest.mark.uvloop`` (a child
+process run with ``--backend uvloop``) counts as a uvloop case: it runs where the fixture's
+uvloop cases run.
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return request.param  # type: ignore[no-any-return]
 
 
-def _runs_on_fixture_uvloop(item: pytest.Item) -> bool:
-    """True for the uvloop case of this conftest's ``anyio_backend`` parametrization."""
+def _runs_on_uvloop(item: pytest.Item) -> bool:
+    """True for the uvloop case of this conftest's ``anyio_backend`` parametrization, and for
+    a case marked ``uvloop``."""
+    if item.get_closest_marker("uvloop") is not None:
+        return True
     callspec = getattr(item, "callspec", None)
     return callspec is not None and callspec.params.get("anyio_backend") is _UVLOOP
 
@@ -75,10 +80,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if mode == "all":
         return
     if mode == "only":
-        keep = [item for item in items if _runs_on_fixture_uvloop(item)]
+        keep = [item for item in items if _runs_on_uvloop(item)]
     else:
         keep = [item for item in items
-                if not _runs_on_fixture_uvloop(item) or _in_uvloop_layer(item)]
+                if not _runs_on_uvloop(item) or _in_uvloop_layer(item)]
     if len(keep) != len(items):
         kept = {id(item) for item in keep}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])

@@ -16,8 +16,8 @@ import pytest
 
 from .support import cli, free_port
 
-#: The hints do not depend on the loop; `--backend uvloop` is run by test_generate.py.
-BACKENDS = ["asyncio", "trio"]
+#: The command line's backends; its uvloop runs where the suite's uvloop cases run.
+BACKENDS = ["asyncio", pytest.param("uvloop", marks=pytest.mark.uvloop), "trio"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -146,7 +146,8 @@ HANG_UPS: list[tuple[bytes, bytes, int]] = [
 ROUNDS = 30
 
 
-@pytest.mark.parametrize("backend", ["trio", "asyncio", "uvloop"])
+@pytest.mark.parametrize("backend", ["trio", "asyncio",
+                                     pytest.param("uvloop", marks=pytest.mark.uvloop)])
 def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -> None:
     statuses: dict[str, set[int | None]] = {}
 
