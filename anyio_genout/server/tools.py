@@ -36,6 +36,7 @@ from ..parsers import (
 )
 from ..parsers.hermes import HermesToolParser
 from ..parsers.qwen3_xml import Qwen3XmlToolParser
+from ..parsers.reasoning import Qwen3ReasoningParser
 from .errors import ApiError
 
 __all__ = ["AUTO_NEEDS_FLAGS", "ChatParsing", "ToolPlan", "ToolServing", "check_tools",
@@ -50,9 +51,6 @@ _CORRECT_USAGE: Final = ('Correct usage: `{"type": "function", "function": {"nam
                          '"my_function"}}`')
 #: The values vLLM 0.32 takes for ``reasoning_effort``.
 REASONING_EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-#: Tool parsers whose vLLM class decodes the output with special tokens kept when tools are
-#: in play (``adjust_request``: their markers are special tokens in some tokenizers).
-_KEEP_SPECIAL_TOKENS: Final = (HermesToolParser, Qwen3XmlToolParser)
 
 
 def _refuse(message: str, param: str) -> ApiError:
@@ -378,6 +376,20 @@ def plan_tools(body: Any, serving: ToolServing, *, template_kwargs: Mapping[str,
         parsing = ChatParsing(parser, mode, body.parallel_tool_calls is not False,
                               bool(body.include_reasoning),
                               serving.parses and not body.include_reasoning)
-    keep = (mode != "none" and tools is not None and serving.auto
-            and isinstance(serving.tool_parser, _KEEP_SPECIAL_TOKENS))
-    return ToolPlan(extra, schema, parsing, keep)
+    return ToolPlan(extra, schema, parsing, _keeps_special_tokens(serving, mode, tools))
+
+
+def _keeps_special_tokens(serving: ToolServing, mode: str,
+                          tools: list[dict[str, Any]] | None) -> bool:
+    """Whether vLLM 0.32's parsers decode this request with special tokens kept (their
+    ``adjust_request``, run when the server has a parser and the request has reasoning
+    to read or a ``tool_choice`` other than none): the engine-based ones (``qwen3``
+    reasoning, ``qwen3_xml``) always, hermes when tools are in play (its markers are
+    special tokens in some tokenizers)."""
+    if not serving.parses or (serving.reasoning is None and mode == "none"):
+        return False
+    tool = serving.tool_parser if serving.auto else None
+    return (serving.reasoning is not None and issubclass(serving.reasoning,
+                                                         Qwen3ReasoningParser)) \
+        or isinstance(tool, Qwen3XmlToolParser) \
+        or (isinstance(tool, HermesToolParser) and tools is not None and mode != "none")

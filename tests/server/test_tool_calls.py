@@ -48,10 +48,14 @@ TOOLS_TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% e
 
 
 @asynccontextmanager
-async def scripted(script: str, **app_options: Any) -> AsyncIterator[Served]:
-    """The server over a mock that answers every greedy request with ``script``."""
-    ids = tokenizer().encode(script, add_special_tokens=False)
-    assert tokenizer().decode(ids) == script
+async def scripted(script: str | list[int], **app_options: Any) -> AsyncIterator[Served]:
+    """The server over a mock that answers every greedy request with ``script`` (a text,
+    or token ids)."""
+    if isinstance(script, str):
+        ids = tokenizer().encode(script, add_special_tokens=False)
+        assert tokenizer().decode(ids) == script
+    else:
+        ids = script
     options = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes",
                **app_options}
     async with served(corpus_token_ids=(*ids, EOS), corpus_starts=(0,), eos_token_id=EOS,
@@ -291,3 +295,24 @@ async def test_reasoning_effort_reaches_the_template_and_switches_thinking() -> 
     message = off.json()["choices"][0]["message"]
     assert message["reasoning"] is None and message["content"] == script
     assert kept.json()["choices"][0]["message"]["reasoning"] == "hm"
+
+
+IM_START = 3  # a special token of the bundled tokenizer
+
+
+@pytest.mark.parametrize(("options", "kept"), [
+    ({}, True),  # hermes with tools: special tokens kept (vLLM's adjust_request)
+    ({"reasoning_parser": "qwen3"}, True),  # the engine-based qwen3: always
+    ({"tool_call_parser": None, "enable_auto_tool_choice": False}, False),
+])
+async def test_special_tokens_are_kept_where_vllms_parsers_keep_them(
+        options: dict[str, Any], kept: bool) -> None:
+    ids = [*tokenizer().encode("Sure.", add_special_tokens=False), IM_START,
+           *tokenizer().encode(" ok", add_special_tokens=False)]
+    async with scripted(ids, **options) as s:
+        tools = {"tools": [WEATHER]} if options.get("tool_call_parser", "hermes") else {}
+        answer = await _post(s, max_tokens=20, **tools)
+    assert answer.status_code == 200, answer.text
+    message = answer.json()["choices"][0]["message"]
+    text = (message.get("reasoning") or "") + (message["content"] or "")  # qwen3: reasoning
+    assert text == ("Sure.<|im_start|> ok" if kept else "Sure. ok")
