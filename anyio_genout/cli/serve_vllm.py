@@ -18,7 +18,7 @@ import attrs
 
 from ..errors import InvalidRequestError, UsageError
 from ..parsers import reasoning_parser_class, tool_parser
-from ..parsers.registry import REASONING_PARSERS
+from ..parsers.registry import REASONING_PARSERS, TOOL_PARSERS
 from ..text.model_dir import read_model_files
 from ..text.tokenizer import Tokenizer
 from .options import check_address
@@ -94,12 +94,12 @@ def add_tool_options(parser: argparse.ArgumentParser) -> None:
                             "with --tool-call-parser; without it such a request is 400, as "
                             "in vLLM (default: off)")
     tools.add_argument("--tool-call-parser", metavar="NAME",
-                       help="the tool-call format the model writes, vLLM's names: hermes, "
-                            "qwen3_json, llama3_json, llama4_json, pythonic, qwen3_xml, "
-                            "qwen3_coder, deepseek_v3, or a plugin's (default: none)")
+                       help="the tool-call format the model writes, vLLM's names: "
+                            f"{', '.join(TOOL_PARSERS)}, or a plugin's (default: none)")
     tools.add_argument("--reasoning-parser", metavar="NAME",
                        help="split <think> reasoning into message.reasoning, vLLM's names: "
-                            "deepseek_r1, qwen3, or a plugin's (default: none)")
+                            f"{', '.join(REASONING_PARSERS)}, or a plugin's (default: "
+                            "none)")
 
 
 def check_vllm_args(args: argparse.Namespace) -> None:
