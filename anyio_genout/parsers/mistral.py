@@ -110,10 +110,10 @@ class MistralToolParser(ToolParser):
     def extract(self, text: str) -> ToolCallsResult:
         first = text.find(MARK)
         if first == -1:
-            return ToolCallsResult(text)
+            return ToolCallsResult(text or None)
         pos = self._calls_start(text, first)
         if pos >= len(text):
-            return ToolCallsResult(text)
+            return ToolCallsResult(text or None)
         if text[pos] not in "[{":
             return self._extract_named(text, first)
         segment = text[pos:].split(MARK, 1)[0].strip()
@@ -129,7 +129,7 @@ class MistralToolParser(ToolParser):
         calls = [c for c in map(_json_call, items if isinstance(items, list) else [])
                  if c is not None]
         if not calls:
-            return ToolCallsResult(text)
+            return ToolCallsResult(text or None)
         before = text[:first]
         return ToolCallsResult(before if before.strip() else None, tuple(calls))
 
@@ -137,7 +137,7 @@ class MistralToolParser(ToolParser):
         calls = [ToolCall(c.name or "", c.arguments, id=mistral_tool_call_id())
                  for c in self._named(text, first, final=True)]
         if not calls:
-            return ToolCallsResult(text)
+            return ToolCallsResult(text or None)
         return ToolCallsResult(text[:first].strip() or None, tuple(calls))
 
     def _named(self, text: str, first: int, *, final: bool) -> list[PartialCall]:

@@ -28,7 +28,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from anyio_genout.parsers import OutputParser, reasoning_parser_class, tool_parser
-from tests.parsers.outputs import CUTS, SPECIALS, Output, outputs, split_tokens
+from tests.parsers.outputs import (
+    ARGS_MARK,
+    CUTS,
+    SPECIALS,
+    TOOL_CALLS,
+    Output,
+    outputs,
+    split_tokens,
+)
 from tests.protocol._hyp import SCALE
 
 with warnings.catch_warnings():
@@ -38,9 +46,12 @@ with warnings.catch_warnings():
     from vllm.parser.parser_manager import ParserManager
 
 CASES = max(1, int(400 * SCALE))
-#: (tool parser, reasoning parser) pairs, as ``vllm serve`` takes them.
+#: (tool parser, reasoning parser) pairs, as ``vllm serve`` takes them; ``mistral`` is run
+#: twice, with a tokenizer before v11 (no ``[ARGS]``: the JSON form) and with a later one
+#: (``mistral_v11``: vLLM reads the ``name[ARGS]{...}`` form).
 COMBOS = [("hermes", None), ("hermes", "qwen3"), ("hermes", "deepseek_r1"),
-          ("llama3_json", None), ("pythonic", None), ("qwen3_xml", None),
+          ("llama3_json", None), ("mistral", None), ("mistral_v11", None),
+          ("pythonic", None), ("qwen3_xml", None),
           ("qwen3_xml", "qwen3"), ("deepseek_v3", None),
           ("deepseek_v3", "deepseek_r1"), (None, "qwen3"), (None, "deepseek_r1")]
 
@@ -49,9 +60,10 @@ class StandInTokenizer:
     """What vLLM's parsers ask of a tokenizer: a vocabulary with the markers, and a
     decode of the ids this test hands out (one per distinct token text)."""
 
-    def __init__(self) -> None:
+    def __init__(self, without: tuple[str, ...] = ()) -> None:
         self.ids: dict[str, int] = {s: i + 1 for i, s in enumerate(SPECIALS)}
         self.texts = {i: s for s, i in self.ids.items()}
+        self.specials = [s for s in SPECIALS if s not in without]
 
     def id(self, text: str) -> int:
         if text not in self.ids:
@@ -60,14 +72,14 @@ class StandInTokenizer:
         return self.ids[text]
 
     def get_vocab(self) -> dict[str, int]:
-        return {s: self.ids[s] for s in SPECIALS}
+        return {s: self.ids[s] for s in self.specials}
 
     @property
     def vocab(self) -> dict[str, int]:
         return self.get_vocab()
 
     def convert_tokens_to_ids(self, token: str) -> int | None:
-        return self.ids.get(token)
+        return self.ids.get(token) if token in self.specials else None
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
         return [self.texts[i] for i in ids]
@@ -80,6 +92,13 @@ class StandInTokenizer:
 
 
 TOKENIZER = StandInTokenizer()
+#: A Mistral tokenizer before v11 (Mistral 7B v0.3's): ``[TOOL_CALLS]`` but no ``[ARGS]``.
+PRE_V11 = StandInTokenizer(without=(ARGS_MARK,))
+
+
+def _name(fmt: str | None) -> str | None:
+    """The ``--tool-call-parser`` name of a generated format."""
+    return "mistral" if fmt == "mistral_v11" else fmt
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 Calls = list[tuple[str | None, Any]]
@@ -95,16 +114,17 @@ def _args(text: str) -> Any:
 
 def _vllm(tools: str | None, reasoning: str | None,
           tokens: list[str]) -> tuple[Result, Result, bool]:
-    cls = ParserManager.get_parser(tool_parser_name=tools, reasoning_parser_name=reasoning,
-                                   enable_auto_tools=True)
+    cls = ParserManager.get_parser(tool_parser_name=_name(tools),
+                                   reasoning_parser_name=reasoning, enable_auto_tools=True)
     assert cls is not None
+    tokenizer = PRE_V11 if tools == "mistral" else TOKENIZER
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}],
                                     tools=TOOLS, tool_choice="auto")
     text = "".join(tokens)
-    r, c, calls = cls(TOKENIZER, None).parse(text, request, enable_auto_tools=True)
+    r, c, calls = cls(tokenizer, None).parse(text, request, enable_auto_tools=True)
     whole = (r, c, [(t.name, ("text", t.arguments)) for t in calls or []])
-    parser = cls(TOKENIZER, None)
-    deltas = [parser.parse_delta(t, [TOKENIZER.id(t)], request, prompt_token_ids=[200],
+    parser = cls(tokenizer, None)
+    deltas = [parser.parse_delta(t, [tokenizer.id(t)], request, prompt_token_ids=[200],
                                  finished=i == len(tokens) - 1) for i, t in enumerate(tokens)]
     reasoning_text, content, streamed = "", "", {}
     ids_ok = True
@@ -128,7 +148,7 @@ def _vllm(tools: str | None, reasoning: str | None,
 def _ours(tools: str | None, reasoning: str | None,
           tokens: list[str]) -> tuple[Result, Result, bool]:
     parser = OutputParser(
-        tools=None if tools is None else tool_parser(tools),
+        tools=None if tools is None else tool_parser(_name(tools) or ""),
         reasoning=None if reasoning is None else reasoning_parser_class(reasoning)())
     out = parser.extract("".join(tokens))
     whole = (out.reasoning, out.content, [(c.name, ("text", c.arguments)) for c in out.tool_calls])
@@ -166,6 +186,9 @@ def _whole_corners(out: Output, theirs: Result, ours: Result) -> list[str]:
         corners.append(W2)
     if "multi-line arguments" in out.kinds:
         corners.append("W3 arguments over several lines: vLLM's deepseek_v3 loses the call")
+    if TOOL_CALLS in out.text and not theirs[2] and not ours[2] and ours[1] == out.text:
+        corners.append("W4 no call after [TOOL_CALLS] (mistral): vLLM's whole reading keeps "
+                       "only the text after the marker, or none")
     return corners
 
 

@@ -17,9 +17,11 @@ CALLS_END = "<\uff5ctool\u2581calls\u2581end\uff5c>"
 CALL_BEGIN = "<\uff5ctool\u2581call\u2581begin\uff5c>"
 CALL_END = "<\uff5ctool\u2581call\u2581end\uff5c>"
 SEP = "<\uff5ctool\u2581sep\uff5c>"
+TOOL_CALLS = "[TOOL_CALLS]"
+ARGS_MARK = "[ARGS]"
 #: The special tokens of every format (one token id each when streamed).
 SPECIALS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>",
-            CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
+            CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP, TOOL_CALLS, ARGS_MARK)
 
 _ALPHABET = "abcxyz ABC019 ,.:;!?\n\t\"'\\/<>{}[]()=_-éü中文😀\u2028"
 _TEXT = st.text(alphabet=_ALPHABET, max_size=12)
@@ -75,6 +77,13 @@ def _call(draw: st.DrawFn, fmt: str) -> tuple[str, tuple[str, dict[str, Any]], s
         return (f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>",
                 (name, texts), kind)
     encoded = draw(_json(args))
+    if fmt == "mistral":  # tokenizers before v11: [TOOL_CALLS][{"name": ..., ...}, ...]
+        obj = json.dumps({"name": name}, ensure_ascii=draw(st.booleans()))[:-1]
+        return f'{obj}, "arguments": {encoded}}}', (name, args), kind
+    if fmt == "mistral_v11":  # v11 and later: [TOOL_CALLS]name[ARGS]{...}
+        if draw(st.integers(0, 4)) == 0:
+            return f"{TOOL_CALLS}{name}{encoded}", (name, args), "name{args}, no [ARGS]"
+        return f"{TOOL_CALLS}{name}{ARGS_MARK}{encoded}", (name, args), kind
     if fmt in ("hermes", "llama3_json"):
         key = "arguments" if fmt == "hermes" or draw(st.booleans()) else "parameters"
         obj = json.dumps({"name": name}, ensure_ascii=draw(st.booleans()))[:-1]
@@ -120,6 +129,14 @@ def outputs(draw: st.DrawFn, fmt: str | None, reasoning: bool) -> Output:
                 body = "<|python_tag|>" + body
         elif fmt == "pythonic":
             body = "[" + ", ".join(p[0] for p in pieces) + "]"
+        elif fmt == "mistral":
+            body = "[" + draw(st.sampled_from([", ", ","])).join(p[0] for p in pieces) + "]"
+            if len(pieces) == 1 and draw(st.booleans()):
+                body = pieces[0][0]  # one bare object, which vLLM also reads
+                kinds.append("bare object")
+            body = TOOL_CALLS + draw(st.sampled_from(["", " "])) + body
+        elif fmt == "mistral_v11":
+            body = "".join(p[0] for p in pieces)
         else:
             body = CALLS_BEGIN + "".join(p[0] for p in pieces) + CALLS_END
         post = draw(_PLAIN) if draw(st.integers(0, 3)) == 0 else ""
