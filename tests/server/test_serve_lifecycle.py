@@ -267,6 +267,47 @@ def _health_on(sock: socket.socket) -> bytes:
         sock.close()
 
 
+def _completion(tokens: int) -> bytes:
+    body = b'{"model": "m", "prompt": [1, 2], "max_tokens": %d}' % tokens
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def _busy_connection(port: int, tokens: int) -> socket.socket:
+    """A keep-alive connection with a whole completion of ``tokens`` tokens under way."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(_completion(tokens))
+    return sock
+
+
+def _next_request_on(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The status lines of the completion under way on ``sock`` and of the next one asked
+    on the same connection once it is answered (b"" if the server closed it)."""
+    try:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            got = sock.recv(4096)
+            if not got:
+                return head[:12], b""
+            head += got
+        header, _, body = head.partition(b"\r\n\r\n")
+        lengths = [int(line.split(b":")[1]) for line in header.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")]
+        while (len(body) < lengths[0]) if lengths else not body.endswith(b"0\r\n\r\n"):
+            got = sock.recv(4096)
+            if not got:
+                return header[:12], b""
+            body += got
+        try:
+            sock.sendall(_completion(2))
+            second = sock.recv(4096)[:12]
+        except OSError:
+            second = b""
+        return header[:12], second
+    finally:
+        sock.close()
+
+
 def _refused(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
@@ -301,6 +342,12 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
                     with anyio.fail_after(10):
                         await started.wait()
                 idle = await anyio.to_thread.run_sync(_idle_connection, port)
+                kept = await anyio.to_thread.run_sync(_busy_connection, port, 40)
+                with anyio.fail_after(10):  # under way: the engine has it
+                    while not any(isinstance(r, AddRequest) and
+                                  r.request.sampling_params.max_tokens == 40
+                                  for r in engine.received):
+                        await anyio.sleep(0.01)
                 serve.process.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 # New connections are refused at once.
@@ -313,6 +360,10 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
                 assert refused_after is not None and refused_after < 1.0, serve.err
                 # /health is 503 if it can be reached at all (an idle connection is closed).
                 health_during_drain = await anyio.to_thread.run_sync(_health_on, idle)
+                # A request under way on a kept-alive connection is answered; the next
+                # one on that connection is not taken.
+                first_answer, completion_during_drain = await anyio.to_thread.run_sync(
+                    _next_request_on, kept)
             code = await anyio.to_thread.run_sync(serve.wait, 20)
             exited = time.monotonic() - signalled
         finally:
@@ -334,6 +385,8 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
     assert len(aborted) == 2 and set(aborted.values()) == {1}, aborted  # one ABORT each
     assert {max_tokens[rid] for rid in aborted} == {500}  # the long ones
     assert health_during_drain in (b"", b"HTTP/1.1 503"), health_during_drain
+    assert first_answer == b"HTTP/1.1 200", first_answer
+    assert completion_during_drain in (b"", b"HTTP/1.1 503"), completion_during_drain
     assert "Running on" not in serve.err
 
 
