@@ -32,6 +32,7 @@ import pytest
 from anyio_genout.protocol import AddRequest
 from anyio_genout.text import bundled_model_dir
 from tests.cli.support import CLI, engine_for, free_port
+from tests.support import wait_until
 
 BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 #: Each (backend, workers) pair once across the two scenarios that take both (each child
@@ -343,11 +344,9 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
                         await started.wait()
                 idle = await anyio.to_thread.run_sync(_idle_connection, port)
                 kept = await anyio.to_thread.run_sync(_busy_connection, port, 40)
-                with anyio.fail_after(10):  # under way: the engine has it
-                    while not any(isinstance(r, AddRequest) and
-                                  r.request.sampling_params.max_tokens == 40
-                                  for r in engine.received):
-                        await anyio.sleep(0.01)
+                await wait_until(lambda: any(  # under way: the engine has it
+                    isinstance(r, AddRequest) and r.request.sampling_params.max_tokens == 40
+                    for r in engine.received))
                 serve.process.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 # New connections are refused at once.
