@@ -17,16 +17,19 @@ import openai
 import pytest
 
 from tests.cli.support import CLI, free_port
-from tests.server.support import MODEL, Served, served, wait_for_health, wait_until
+from tests.server.support import (
+    MODEL,
+    OPENAI_STREAM_GC,
+    Served,
+    served,
+    wait_for_health,
+    wait_until,
+)
 from tests.text.client_support import PROMPT, added
 
 pytestmark = [
     pytest.mark.anyio,
-    # See test_openai_client.py: openai's AsyncStream leaves async generators to the GC.
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in. <async_generator object (AsyncStream\._iter_events|"
-        r"SSEDecoder\.aiter_bytes|Response\.aiter_bytes|PoolByteStream\.__aiter__)"
-        r":pytest.PytestUnraisableExceptionWarning"),
+    OPENAI_STREAM_GC,
 ]
 
 MESSAGES: Any = [{"role": "user", "content": "Tell me a story"}]

@@ -9,17 +9,12 @@ import httpx
 import openai
 import pytest
 
-from tests.server.support import MODEL, Served, served, wait_until
+from tests.server.support import MODEL, OPENAI_STREAM_GC, Served, served, wait_until
 from tests.text.client_support import PROMPT, added
 
 pytestmark = [
     pytest.mark.anyio,
-    # openai's AsyncStream leaves its (and httpx2's) async generators for the garbage
-    # collector after [DONE]; trio's finalizer warns about that. Not this package's code.
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in. <async_generator object (AsyncStream\._iter_events|"
-        r"SSEDecoder\.aiter_bytes|Response\.aiter_bytes|PoolByteStream\.__aiter__)"
-        r":pytest.PytestUnraisableExceptionWarning"),
+    OPENAI_STREAM_GC,
 ]
 
 

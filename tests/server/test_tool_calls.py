@@ -17,17 +17,12 @@ import httpx
 import openai
 import pytest
 
-from tests.server.support import MODEL, Served, served
+from tests.server.support import MODEL, OPENAI_STREAM_GC, Served, served
 from tests.text.client_support import added, tokenizer
 
 pytestmark = [
     pytest.mark.anyio,
-    # openai's AsyncStream leaves its async generators to the garbage collector (see
-    # tests/server/test_openai_client.py).
-    pytest.mark.filterwarnings(
-        r"ignore:Exception ignored in. <async_generator object (AsyncStream\._iter_events|"
-        r"SSEDecoder\.aiter_bytes|Response\.aiter_bytes|PoolByteStream\.__aiter__)"
-        r":pytest.PytestUnraisableExceptionWarning"),
+    OPENAI_STREAM_GC,
 ]
 
 EOS = 2  # the bundled tokenizer's </s>
