@@ -19,7 +19,11 @@ uvloop cases run.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +92,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept = {id(item) for item in keep}
         config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
         items[:] = keep
+
+
+#: Seconds past a test's own timeout after which the watchdog below ends the whole run.
+_WATCHDOG_GRACE = 60.0
+
+#: A copy of the terminal's stderr, taken while output is not captured, for the watchdog's dump.
+_WATCHDOG_FILE: list[Any] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _WATCHDOG_FILE.append(os.fdopen(os.dup(sys.stderr.fileno()), "w"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _WATCHDOG_FILE:
+        _WATCHDOG_FILE.pop().close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A last line behind pytest-timeout: if one test (setup, call and teardown) runs past its
+    timeout plus :data:`_WATCHDOG_GRACE`, dump every thread's traceback and exit the process.
+
+    pytest-timeout's signal method raises inside the running test, which an event loop blocked
+    in its selector, or a cancelled teardown that waits again, can swallow; then the run hangs
+    until CI's own limit with nothing in the log. This watchdog is a C thread (faulthandler):
+    nothing in the test can stop it, and the log shows where the run stuck."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker is not None and marker.args else float(
+        item.config.getini("timeout") or 60)
+    faulthandler.dump_traceback_later(limit + _WATCHDOG_GRACE, exit=True,
+                                      file=_WATCHDOG_FILE[0])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

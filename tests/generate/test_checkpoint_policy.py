@@ -13,6 +13,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from anyio_genout.protocol import EngineCoreFinishReason
+
 from .support import generate_cluster, output, request
 
 pytestmark = pytest.mark.anyio
@@ -52,12 +54,16 @@ async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
         async with anyio.create_task_group() as tg, \
                 client.generate(request("hog", max_tokens=None)) as stream:
             internal = (await engine.receive_add()).request.request_id
-            await engine.send([output(internal, [7]) for _ in range(100)])
+            # The last output ends the stream, so a slow machine that gives the ticker fewer
+            # turns fails the count below instead of waiting forever for more outputs.
+            await engine.send([output(internal, [7]) for _ in range(100)]
+                              + [output(internal, [7], EngineCoreFinishReason.LENGTH)])
             tg.start_soon(ticker)
             async for out in stream:
                 time.sleep(WORK)  # noqa: ASYNC251 - a busy consumer's own work
                 if out.token_ids and len(gaps) > 40:
                     break
             done.set()
+        assert len(gaps) > 40, f"the ticker ran {len(gaps)} times over 100 busy outputs"
         # One turn is the 1 ms slice plus the output that used it up (and some scheduling).
         assert max(gaps[1:]) < 0.016, f"another task waited {max(gaps[1:]) * 1e3:.1f} ms"
