@@ -57,6 +57,8 @@ class Request:
     num_preemptions: int = 0
     late: int = 0  # outputs still owed after an ABORT (fault injection)
     offset: int = 0  # stream position of output 0 (a greedy continuation: greedy_continuations)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # bad_words_token_ids (banned as vLLM does)
+    bad_tail: list[int] = attrs.Factory(list)  # with bad_words: the last outputs before buf
 
 
 def set_plain(r: Request, plain: bool) -> None:

@@ -127,7 +127,9 @@ class Scheduler:
         eos = wire.get("_eos_token_id")
         all_stop = frozenset(wire.get("_all_stop_token_ids") or ()) | stops
         offset = 0
-        if greedy and cfg.greedy_continuations:
+        bad_words = tuple(params.bad_words_token_ids or ())
+        # A continuation's earlier outputs are its prompt here, which bad words do not see.
+        if greedy and cfg.greedy_continuations and not bad_words:
             found = greedy_continuation(
                 prompt, cfg.greedy_continuations, cfg.vocab_size, min_tokens=params.min_tokens,
                 avoid=all_stop if params.min_tokens else (),
@@ -159,6 +161,7 @@ class Scheduler:
             allowed=list(params.allowed_token_ids) if params.allowed_token_ids else None,
             trace=trace, cache_salt=req.cache_salt, oov=oov,
             prefix=self._writer.row_header + pack(req.request_id), mid=mid, offset=offset,
+            bad_words=bad_words,
         )
 
     def abort(self, ids: Iterable[str]) -> None:

@@ -181,12 +181,18 @@ class Stepper:
         cfg = self.config
         start = r.num_out
         count = max(min(_CHUNK, r.limit - start), need)
+        if r.bad_words:
+            # A word's last token is banned after the rest of it: the outputs before
+            # ``start`` (those before the old buffer, and the old buffer's up to ``start``).
+            keep = max(len(w) for w in r.bad_words) - 1
+            if keep:
+                r.bad_tail = [*r.bad_tail, *r.buf[:start - r.buf_start]][-keep:]
         r.buf = generate(
             r.key, r.offset + start, count, cfg.vocab_size,
             avoid=r.all_stop if r.min_tokens else (), avoid_before=r.offset + r.min_tokens,
             allowed=r.allowed, eos_token_id=cfg.eos_token_id,
             eos_probability=cfg.eos_probability, corpus=self._corpus,
-            starts=cfg.corpus_starts,
+            starts=cfg.corpus_starts, bad_words=r.bad_words, history=r.bad_tail,
         )
         r.buf_start = start
         r.buf_end = start + len(r.buf)

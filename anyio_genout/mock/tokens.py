@@ -15,8 +15,8 @@ the stream is a stretch of the corpus instead: the token at output position ``p`
 a greedy request continues the same place of the corpus for the same prompt, the tokens
 decode to readable text, and with ``starts`` the text begins with a sentence. Everything
 else holds as without a corpus: the three kinds of keys, ``allowed`` (which then wins over
-the corpus), the EOS draws, and the redraws ``min_tokens`` makes (from the corpus, at a
-position drawn from the key).
+the corpus), the EOS draws, and the redraws ``min_tokens`` and ``bad_words`` make (from the
+corpus, at a position drawn from the key).
 
 Logprobs (:func:`fake_logprobs`) show the sampled token and ``k`` distinct top tokens drawn
 from the whole vocabulary, or from ``alternatives`` (ids whose token strings are distinct and
@@ -118,7 +118,9 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
              allowed: Sequence[int] | None = None, eos_token_id: int | None = None,
              eos_probability: float = 0.0,
              corpus: Sequence[int] | np.ndarray[Any, Any] | None = None,
-             starts: Sequence[int] | None = None) -> list[int]:
+             starts: Sequence[int] | None = None,
+             bad_words: Sequence[Sequence[int]] = (), history: Sequence[int] = ()
+             ) -> list[int]:
     """Tokens at output positions ``start .. start+count-1`` of stream ``key``.
 
     ``allowed`` restricts the choice (vLLM's ``allowed_token_ids``). Tokens in ``avoid`` are
@@ -127,6 +129,12 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
     ``eos_probability``. A non-empty ``corpus`` (see the module docstring; an array from
     :func:`corpus_array` saves a conversion per call) is continued instead of drawing tokens
     from the whole vocabulary, from one of ``starts`` if given (corpus positions).
+
+    ``bad_words`` (vLLM's ``bad_words_token_ids``) are banned as vLLM's sampler bans them: a
+    one-token word's token is redrawn wherever it comes, a longer word's last token where
+    the output tokens just before it are the rest of the word (the output only, never the
+    prompt). ``history`` is the output before ``start`` (its last tokens are enough: one
+    fewer than the longest word's).
     """
     if count <= 0:
         return []
@@ -148,20 +156,55 @@ def generate(key: int, start: int, count: int, vocab_size: int, *,
         threshold = np.uint64(int(eos_probability * float(1 << 53)))
         tokens = np.where(draw < threshold, np.uint64(eos_token_id), tokens)
     out: list[int] = tokens.tolist()
-    if avoid and start < avoid_before:
+    if bad_words:
+        _ban(out, key, start, bad_words, history, avoid, avoid_before, allowed, table_c,
+             vocab_size)
+    elif avoid and start < avoid_before:
         for i in range(min(count, avoid_before - start)):
             attempt = 1
             while out[i] in avoid and attempt <= _MAX_REDRAWS:
-                pos = np.asarray([start + i], dtype=np.uint64)
-                value = int(_hashes(key, pos, attempt)[0])
-                if allowed is not None:
-                    out[i] = int(allowed[value % len(allowed)])
-                elif table_c is not None:
-                    out[i] = int(table_c[value % len(table_c)])
-                else:
-                    out[i] = value % vocab_size
+                out[i] = _redraw(key, start + i, attempt, allowed, table_c, vocab_size)
                 attempt += 1
     return out
+
+
+def _redraw(key: int, position: int, attempt: int, allowed: Sequence[int] | None,
+            table: np.ndarray[Any, np.dtype[np.uint64]] | None, vocab_size: int) -> int:
+    """The ``attempt``-th other token at ``position`` (of ``allowed``, the corpus, or the
+    vocabulary)."""
+    value = int(_hashes(key, np.asarray([position], dtype=np.uint64), attempt)[0])
+    if allowed is not None:
+        return int(allowed[value % len(allowed)])
+    if table is not None:
+        return int(table[value % len(table)])
+    return value % vocab_size
+
+
+def _ban(out: list[int], key: int, start: int, bad_words: Sequence[Sequence[int]],
+         history: Sequence[int], avoid: Collection[int], avoid_before: int,
+         allowed: Sequence[int] | None, table: np.ndarray[Any, np.dtype[np.uint64]] | None,
+         vocab_size: int) -> None:
+    """Redraw, in place and in order, the tokens of ``out`` that ``bad_words`` ban where
+    they come (vLLM's ``apply_bad_words``), and those of ``avoid`` before ``avoid_before``."""
+    singles = {int(w[0]) for w in bad_words if len(w) == 1}
+    longer = [(tuple(int(t) for t in w[:-1]), int(w[-1])) for w in bad_words if len(w) > 1]
+    keep = max((len(prefix) for prefix, _ in longer), default=0)
+    past = [int(t) for t in history[max(0, len(history) - keep):]] if keep else []
+    for i in range(len(out)):
+        banned = set(singles)
+        for prefix, last in longer:
+            if len(past) >= len(prefix) and tuple(past[len(past) - len(prefix):]) == prefix:
+                banned.add(last)
+        if start + i < avoid_before:
+            banned.update(avoid)
+        attempt = 1
+        while out[i] in banned and attempt <= _MAX_REDRAWS:
+            out[i] = _redraw(key, start + i, attempt, allowed, table, vocab_size)
+            attempt += 1
+        if keep:
+            past.append(out[i])
+            if len(past) > keep:
+                del past[0]
 
 
 def greedy_continuation(prompt: Sequence[int], lookback: int, vocab_size: int, *,

@@ -134,6 +134,21 @@ async def test_stop_token_eos_and_min_tokens() -> None:
     assert toks["min"][:at] == expected[:at]
 
 
+
+@pytest.mark.parametrize("speculative", [0, 3])
+async def test_bad_words_token_ids_are_never_generated(speculative: int) -> None:
+    expected = greedy_tokens(PROMPT, 400)
+    single = expected[3]
+    pair = expected[255:257]  # across the engine's first refill of the request's tokens
+    assert pair[1] != single
+    async with running_engine(num_speculative_tokens=speculative) as (_, front):
+        await front.add("bad", PROMPT, greedy(400, _bad_words_token_ids=[[single], pair]))
+        got = await front.collect("bad")
+    toks = [t for o in got["bad"] for t in o.new_token_ids]
+    assert len(toks) == 400 and single not in toks
+    assert all(toks[i:i + 2] != pair for i in range(len(toks) - 1))
+    assert toks[4:255] == expected[4:255] and toks[256] != pair[1]  # only the banned ones
+
 async def test_min_tokens_small_vocab() -> None:
     async with running_engine(vocab_size=4) as (_, front):
         sampling = greedy(60, stop_token_ids=[0], _eos_token_id=1, _all_stop_token_ids=[1],

@@ -45,6 +45,50 @@ def test_generate_avoid_allowed_and_eos() -> None:
     assert tokens.generate(key, 0, 0, 10) == []
 
 
+
+def _banned_where_they_come(out: list[int], words: list[list[int]]) -> list[int]:
+    """Positions of ``out`` where vLLM's sampler would have banned the token: a one-token
+    word anywhere, a longer word's last token right after the rest of it (outputs only)."""
+    past: list[int] = []
+    found = []
+    for i, tok in enumerate(out):
+        for word in words:
+            if len(word) <= len(past) + 1 and past[len(past) - len(word) + 1:] == word[:-1] \
+                    and tok == word[-1]:
+                found.append(i)
+        past.append(tok)
+    return found
+
+
+def test_generate_bans_bad_words_as_vllm() -> None:
+    key = tokens.stream_key([3, 1], greedy=True)
+    free = tokens.generate(key, 0, 400, 8)
+    single = [free[5]]
+    pair = free[20:22]
+    triple = free[40:43]
+    words = [single, pair, triple]
+    assert _banned_where_they_come(free, words)  # the free stream has them
+    banned = tokens.generate(key, 0, 400, 8, bad_words=words)
+    assert _banned_where_they_come(banned, words) == []
+    assert single[0] not in banned
+    # Only the last token of a longer word is banned, and only after the rest of it: the
+    # first tokens of the pair still come, and the pair's last token comes elsewhere.
+    assert pair[0] in banned and pair[1] in banned
+    # The prompt does not count: only ``history`` (the output before ``start``) does.
+    lead = tokens.generate(key, 0, 1, 8, bad_words=[[free[0]]])
+    assert lead != [free[0]]
+    after = tokens.generate(key, 0, 1, 8, bad_words=[[7, free[0]]])
+    assert after == [free[0]]  # no output before it: a 2-token word cannot end at 0
+    assert tokens.generate(key, 0, 1, 8, bad_words=[[7, free[0]]], history=[7]) != [free[0]]
+    # Chunks with their history are the stream in one go (the engine refills by chunks).
+    chunked = [*tokens.generate(key, 0, 150, 8, bad_words=words)]
+    chunked += tokens.generate(key, 150, 250, 8, bad_words=words, history=chunked[-2:])
+    assert chunked == banned
+    # With allowed_token_ids the redraws stay in them; avoid still holds before min_tokens.
+    allowed = tokens.generate(key, 0, 200, 32000, allowed=[4, 5, 6], bad_words=[[5]],
+                              avoid={6}, avoid_before=50)
+    assert set(allowed) == {4, 6} and 6 not in allowed[:50]
+
 def test_fake_logprobs_shapes_and_ranks() -> None:
     key = tokens.stream_key([1, 2], greedy=False, seed=1)
     toks = tokens.generate(key, 3, 6, 32000)
