@@ -71,9 +71,11 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "mm_payload": (_G, "only for multimodal outputs, which a text model has none of"),
     "routed_experts_prompt_start": (_G, "only with routed experts capture, not served"),
     "length_penalty": (_G, "beam search only; use_beam_search is refused"),
-    "bad_words": (_R, "needs the prompt-side tokenizer in the request path (not done)"),
-    "truncate_prompt_tokens": (_R, "prompt truncation is not done"),
-    "truncation_side": (_R, "prompt truncation is not done"),
+    "bad_words": (_I, "banned as vLLM bans them (each word's tokens, and with a leading "
+                  "space)"),
+    "truncate_prompt_tokens": (_I, "the prompt's tokens cut to that many (-1: the context "
+                               "less one)"),
+    "truncation_side": (_I, "left keeps the last prompt tokens, right the first"),
     "tools": (_I, "rendered by the chat template (tools=), read by --tool-call-parser"),
     "tool_choice": (_I, "none, auto (--enable-auto-tool-choice), required and a named "
                     "function (held to vLLM's JSON schema)"),
@@ -107,7 +109,7 @@ CHAT_ONLY: Final = frozenset({
 
 #: Values of a refused field that mean "not used" (vLLM's defaults), so accepted.
 _HARMLESS: Final[Mapping[str, tuple[Any, ...]]] = {
-    "bad_words": ([],), "use_beam_search": (False,),
+    "use_beam_search": (False,),
     "return_token_offsets": (False,), "return_token_ids": (False,),
     "return_prompt_text": (False,), "return_mm_kwargs": (False,),
     "priority": (0,),

@@ -71,6 +71,12 @@ class _Sampling(_Body):
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = Field(default=None, ge=-1)
     return_tokens_as_token_ids: bool | None = None
+    #: Words never generated (the text layer turns them into vLLM's token sequences).
+    bad_words: list[str] = Field(default_factory=list)
+    #: Keep only that many prompt tokens (-1: the context less one), cut on
+    #: ``truncation_side`` ("left" keeps the last ones, "right" the first ones).
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
 
 
 class CompletionRequest(_Sampling):

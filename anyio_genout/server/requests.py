@@ -290,7 +290,9 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
             include_stop_str_in_output=body.include_stop_str_in_output,
             skip_special_tokens=body.skip_special_tokens,
             spaces_between_special_tokens=body.spaces_between_special_tokens,
-            add_special_tokens=body.add_special_tokens if prompt is not None else None)
+            add_special_tokens=body.add_special_tokens if prompt is not None else None,
+            bad_words=tuple(body.bad_words), truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncation_side=body.truncation_side)
         requests.extend(choices(request, body.n))
     return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo,
                    constraint=_constraint(body),
@@ -390,5 +392,7 @@ def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool
         spaces_between_special_tokens=body.spaces_between_special_tokens,
         add_generation_prompt=body.add_generation_prompt,
         add_special_tokens=body.add_special_tokens,
-        chat_template_kwargs=kwargs)
+        chat_template_kwargs=kwargs, bad_words=tuple(body.bad_words),
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+        truncation_side=body.truncation_side)
     return request, plan
