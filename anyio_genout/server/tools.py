@@ -35,6 +35,7 @@ from ..parsers import (
     tool_parser,
 )
 from ..parsers.hermes import HermesToolParser
+from ..parsers.mistral import MistralToolParser
 from ..parsers.qwen3_xml import Qwen3XmlToolParser
 from ..parsers.reasoning import Qwen3ReasoningParser
 from .errors import ApiError
@@ -384,12 +385,15 @@ def _keeps_special_tokens(serving: ToolServing, mode: str,
     """Whether vLLM 0.32's parsers decode this request with special tokens kept (their
     ``adjust_request``, run when the server has a parser and the request has reasoning
     to read or a ``tool_choice`` other than none): the engine-based ones (``qwen3``
-    reasoning, ``qwen3_xml``) always, hermes when tools are in play (its markers are
-    special tokens in some tokenizers)."""
+    reasoning, ``qwen3_xml``) always, hermes and mistral when tools are in play (hermes's
+    markers are special tokens in some tokenizers, mistral's ``[TOOL_CALLS]`` is one in
+    all of them; vLLM keeps it for a tokenizer that is not mistral-common's, which none
+    here is)."""
     if not serving.parses or (serving.reasoning is None and mode == "none"):
         return False
     tool = serving.tool_parser if serving.auto else None
     return (serving.reasoning is not None and issubclass(serving.reasoning,
                                                          Qwen3ReasoningParser)) \
         or isinstance(tool, Qwen3XmlToolParser) \
-        or (isinstance(tool, HermesToolParser) and tools is not None and mode != "none")
+        or (isinstance(tool, HermesToolParser | MistralToolParser) and tools is not None
+            and mode != "none")

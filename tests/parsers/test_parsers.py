@@ -109,6 +109,48 @@ def test_llama3_json_pythonic_deepseek_v3() -> None:
     assert _calls(streamed) == _calls(whole)
 
 
+
+MISTRAL_JSON = ('Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Zürich", '
+                '"days": [1, 2]}}, {"name": "now", "arguments": {}}]')
+MISTRAL_V11 = ('Checking. [TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "days": [1, 2]}'
+               '[TOOL_CALLS]now[ARGS]{}')
+
+
+def _mistral_id(call_id: str | None) -> bool:
+    return call_id is not None and len(call_id) == 9 and call_id.isascii() \
+        and call_id.isalnum()
+
+
+@pytest.mark.parametrize("text", [MISTRAL_JSON, MISTRAL_V11], ids=["json", "v11"])
+def test_mistral_both_forms_whole_and_streamed(text: str) -> None:
+    parser = OutputParser(tools=tool_parser("mistral"))
+    whole = parser.extract(text)
+    assert whole.content == "Checking."  # the named form strips it, as vLLM
+    assert _calls(whole) == [("get_weather", {"city": "Zürich", "days": [1, 2]}), ("now", {})]
+    assert all(_mistral_id(c.id) for c in whole.tool_calls)  # Mistral's templates want these
+    assert len({c.id for c in whole.tool_calls}) == 2
+    for cuts in ([1], [3], [7]):
+        deltas, streamed = _run(parser, split_tokens(text, cuts))
+        assert _calls(streamed) == _calls(whole)
+        assert (streamed.content or "").strip() == "Checking."
+        ids = [p.id for d in deltas for p in d.tool_calls if p.id is not None]
+        assert len(ids) == 2 and all(_mistral_id(i) for i in ids)
+        assert not any("[TOOL_CALLS]" in (d.content or "") for d in deltas)
+
+
+def test_mistral_corners() -> None:
+    parser = OutputParser(tools=tool_parser("mistral"))
+    bare = parser.extract('[TOOL_CALLS] {"name": "f", "arguments": "{\\"a\\": 1}"}')
+    assert _calls(bare) == [("f", {"a": 1})] and bare.content is None  # one bare object
+    assert _calls(parser.extract('[TOOL_CALLS]f{"a": 1}')) == [("f", {"a": 1})]  # no [ARGS]
+    none = "[TOOL_CALLS][oops, not JSON]"
+    assert parser.extract(none) == ParsedOutput(None, none)  # W4: all of it is content
+    named = parser.extract("[TOOL_CALLS] sorry")  # the named form: a call with no arguments
+    assert _calls(named) == [("sorry", {})]
+    assert parser.extract("plain text").content == "plain text"
+    stream = tool_parser("mistral").stream()
+    assert stream.push("a [TOOL_") == DeltaMessage(content="a ")  # a partial marker waits
+
 def test_qwen3_xml() -> None:
     parser = OutputParser(tools=tool_parser("qwen3_coder"))
     text = ("I'll look. <tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n"
@@ -202,15 +244,16 @@ def test_unknown_names_and_a_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 _FORMATS = [("hermes", None), ("hermes", "qwen3"), ("llama3_json", None), ("pythonic", None),
-            ("qwen3_xml", "qwen3"),
+            ("mistral", None), ("mistral_v11", None), ("qwen3_xml", "qwen3"),
             ("deepseek_v3", "deepseek_r1"), (None, "qwen3"), (None, "deepseek_r1")]
 
 
 @pytest.mark.parametrize(("tools", "reasoning"), _FORMATS, ids=[f"{t}+{r}" for t, r in _FORMATS])
 def test_streamed_deltas_add_up_to_the_whole_reading(tools: str | None,
                                                       reasoning: str | None) -> None:
+    # mistral_v11: the generated outputs' other form, read by the same parser.
     parser = OutputParser(
-        tools=None if tools is None else tool_parser(tools),
+        tools=None if tools is None else tool_parser(tools.removesuffix("_v11")),
         reasoning=None if reasoning is None else reasoning_parser_class(reasoning)())
 
     @settings(max_examples=max(1, int(150 * SCALE)), derandomize=SCALE == 1, deadline=None,
