@@ -131,7 +131,7 @@ def bench_vllm(session: nox.Session) -> None:
     when that exists. Arguments after ``--`` go to ``anyio-genout bench vllm``.
     """
     python, env = _prepare_interop_env(session)
-    session.run(python, "-m", "anyio_genout.bench", "vllm",
+    session.run(python, "-m", "anyio_genout", "bench", "vllm",
                 "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
                 external=True)
 
@@ -144,7 +144,7 @@ def bench_text(session: nox.Session) -> None:
     Arguments after ``--`` go to the command (``-- --quick`` for a smoke run).
     """
     python, env = _prepare_interop_env(session)
-    session.run(python, "-m", "anyio_genout.bench", "text",
+    session.run(python, "-m", "anyio_genout", "bench", "text",
                 "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
                 external=True)
 
@@ -158,7 +158,7 @@ def bench_server(session: nox.Session) -> None:
     the command (``-- --quick`` for a smoke run of about a minute).
     """
     python, env = _prepare_interop_env(session)
-    session.run(python, "-m", "anyio_genout.bench", "server",
+    session.run(python, "-m", "anyio_genout", "bench", "server",
                 "--model", env["ANYIO_GENOUT_VLLM_MODEL"], *session.posargs, env=env,
                 external=True)
 

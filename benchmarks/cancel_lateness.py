@@ -61,8 +61,9 @@ def main() -> None:
         for run in range(args.runs):
             address = free_tcp_address()
             engine = subprocess.Popen(
-                [sys.executable, "-m", "anyio_genout.mock", "--handshake-address", address,
-                 "--step-time", "0", "--no-log-stats", "--max-model-len", "8192"],
+                [sys.executable, "-m", "anyio_genout", "mock-engine",
+                 "--handshake-address", address, "--step-time", "0", "--no-log-stats",
+                 "--max-model-len", "8192"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
             try:
                 name, options = ("asyncio", {"use_uvloop": True}) if backend == "uvloop" \

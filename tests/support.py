@@ -31,11 +31,11 @@ async def wait_until(predicate: Callable[[], object], seconds: float = 5.0) -> N
 
 @contextmanager
 def mock_engine_process(*options: str) -> Iterator[str]:
-    """A mock engine in its own process (``python -m anyio_genout.mock`` with ``options``)
-    dialing a fresh handshake address, which it yields; killed at the end."""
+    """A mock engine in its own process (``python -m anyio_genout mock-engine`` with
+    ``options``) dialing a fresh handshake address, which it yields; killed at the end."""
     address = free_tcp_address()
-    child = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
-                              address, *options],
+    child = subprocess.Popen([sys.executable, "-m", "anyio_genout", "mock-engine",
+                              "--handshake-address", address, *options],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              stdin=subprocess.DEVNULL)
     try:

@@ -4,10 +4,10 @@ The layers, bottom up: ``errors``; ``protocol`` (sans I/O); ``transport`` and ``
 ``engine``; ``generate`` and ``metrics`` (generate may use metrics, not the reverse);
 ``text``; the package's facade (``anyio_genout/__init__.py``); ``server``;
 ``vllm`` and ``bench``; ``cli`` (and ``__main__``) on top. ``mock`` stands beside them: it
-uses only ``errors``, ``protocol`` and ``transport``/``readiness``, and only the layers
-above the facade may use it. The command lines of ``mock`` and ``bench`` (their ``cli`` and
-``__main__`` modules) belong to the ``cli`` layer: they may share its helpers, and nothing
-else in their package may import them.
+uses only ``errors``, ``protocol`` and ``transport``/``readiness``, and only ``vllm``,
+``bench`` and ``cli`` may use it. Folders are layers, with no exception: a module's layer is
+its folder (its first name below ``anyio_genout``), so every command line, the mock
+engine's and the benchmark's too, lives under ``cli/``.
 
 Every import counts: absolute or relative, at module level, in a function, or under ``if
 TYPE_CHECKING:`` (a type-only import is still a dependency, and the first step to a circle).
@@ -169,20 +169,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int,
     return found
 
 
-#: Modules that are command lines, so in the ``cli`` layer, wherever they live.
-_COMMAND_LINES = {"anyio_genout.mock.cli", "anyio_genout.mock.__main__",
-                  "anyio_genout.bench.cli", "anyio_genout.bench.__main__",
-                  "anyio_genout.bench.run_cmd", "anyio_genout.bench.vllm_cmd",
-                  "anyio_genout.bench.report_cmd", "anyio_genout.bench.text_cmd",
-                  "anyio_genout.bench.server_cmd", "anyio_genout.bench.routing_cmd",
-                  "anyio_genout.bench.options",
-                  "anyio_genout.bench.output"}
-
-
 def _part(name: str) -> str:
     """``anyio_genout.engine.client`` -> ``engine``; the facade -> ``""``."""
-    if name in _COMMAND_LINES:
-        return "cli"
     return name.split(".")[1] if "." in name else ""
 
 
@@ -294,8 +282,10 @@ _BAD_IMPORTS = [
      "anyio_genout.metrics.histogram imports anyio_genout.generate.output"),
     ("mock/wire.py", "import anyio_genout.engine.client",
      "anyio_genout.mock.wire imports anyio_genout.engine.client (mock uses only"),
-    ("mock/engine.py", "from .cli import main",
-     "anyio_genout.mock.engine imports anyio_genout.mock.cli (mock uses only"),
+    ("mock/engine.py", "from ..cli.mock_cmd import main",
+     "anyio_genout.mock.engine imports anyio_genout.cli.mock_cmd (mock uses only"),
+    ("bench/spec.py", "from ..cli.bench.options import DEFAULT_DIR",
+     "anyio_genout.bench.spec imports anyio_genout.cli.bench.options (runs up"),
     ("bench/measure.py", "from ..cli.main import main",
      "anyio_genout.bench.measure imports anyio_genout.cli.main"),
     ("generate/stream.py", "from ..mock import MockEngine",

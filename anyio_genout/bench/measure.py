@@ -65,7 +65,7 @@ class EngineProcess:
     def __init__(self, handshake_address: str, spec: CellSpec, *,
                  python: str | None = None, extra: Sequence[str] = ()) -> None:
         cmd = [
-            python or sys.executable, "-m", "anyio_genout.mock",
+            python or sys.executable, "-m", "anyio_genout", "mock-engine",
             "--handshake-address", handshake_address, "--rank", "0",
             "--step-time", repr(spec.engine_step_time),
             "--max-num-seqs", str(spec.engine_max_num_seqs),

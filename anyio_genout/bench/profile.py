@@ -6,20 +6,18 @@ Two sources:
   under pyinstrument (which slows them; the profiled figures count for no target); the call
   tree goes to a text file, the summary into the JSON and onto the console.
 * py-spy's collapsed stacks (``py-spy record --nonblocking -f raw``, which barely slows the
-  process), summarised by ``python -m anyio_genout.bench.profile STACKS.txt``; see
+  process), summarised by ``anyio-genout bench profile STACKS.txt``; see
   docs/performance.md for the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["area_of", "main", "summarise_collapsed", "summarise_frames", "write_profile"]
+__all__ = ["area_of", "summarise_collapsed", "summarise_frames", "write_profile"]
 
 #: Path fragments that name an area of the code, checked in order.
 _AREAS: tuple[tuple[str, str], ...] = (
@@ -161,28 +159,3 @@ def summarise_collapsed(lines: Sequence[str], *, within: str | None = None, top:
 
     return {"samples": total, "top_self": ranked(self_time), "top_total": ranked(cumulative),
             "by_area": ranked(areas)}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m anyio_genout.bench.profile STACKS.txt``: print the summary."""
-    parser = argparse.ArgumentParser(prog="python -m anyio_genout.bench.profile")
-    parser.add_argument("stacks", help="py-spy record -f raw output")
-    parser.add_argument("--within", default="run_forever",
-                        help="count only stacks through a frame containing this "
-                             "(default: run_forever, the asyncio loop; trio: 'run')")
-    parser.add_argument("--top", type=int, default=20)
-    args = parser.parse_args(argv)
-    lines = Path(args.stacks).read_text().splitlines()
-    summary = summarise_collapsed(lines, within=args.within or None, top=args.top)
-    print(f"{summary['samples']} samples")
-    for title, key in (("self time by area", "by_area"), ("top functions by self time",
-                                                           "top_self"),
-                       ("top functions by total time", "top_total")):
-        print(f"{title}:")
-        for name, _n, pct in summary[key]:
-            print(f"  {pct:5.1f}%  {name}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The server benchmark's processes: each HTTP server in front of a fresh mock engine.
 
-Three kinds of server, every one before its own ``python -m anyio_genout.mock`` (step time
+Three kinds of server, every one before its own ``python -m anyio_genout mock-engine`` (step time
 0, the tiny model's vocabulary and context length):
 
 - ``ours``: ``anyio-genout serve --model DIR --handshake-address tcp://...`` (``--backend``,
@@ -154,7 +154,7 @@ def has_workers_option(python: str) -> bool:
 def _engine_command(python: str, *, handshake: str | None = None,
                     input_address: str | None = None, output_address: str | None = None,
                     vllm_033: bool = False) -> list[str]:
-    cmd = [python, "-m", "anyio_genout.mock", "--step-time", "0",
+    cmd = [python, "-m", "anyio_genout", "mock-engine", "--step-time", "0",
            "--max-num-seqs", str(ENGINE_MAX_NUM_SEQS), "--no-log-stats", "--no-keep-history",
            "--vocab-size", str(VOCAB_SIZE), "--max-model-len", str(MAX_MODEL_LEN)]
     if handshake is not None:

@@ -1,7 +1,8 @@
 """The server benchmark's pure parts: the load generator's result file read into figures,
 the ratios between servers of one run, issue #15's targets marked met or missed, the table.
 
-No process, no clock, no network: :mod:`.server_cmd` measures and calls these.
+No process, no clock, no network: :mod:`~anyio_genout.cli.bench.server_cmd` measures and
+calls these.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ the text layer's added cost is read per round as ``(CPU/token text - CPU/token t
 step`` (:func:`added_cost`). This module holds the cell description (:class:`TextSpec`), what
 both sides share (prompts, stop strings, the model folder) and our side's cell
 (:func:`run_ours`; ``python -m anyio_genout.bench.text SPEC_JSON RESULT_PATH``); vLLM's side
-is :mod:`.text_vllm`, the command and its report :mod:`.text_cmd` and :mod:`.text_report`.
+is :mod:`.text_vllm`, the command and its report :mod:`~anyio_genout.cli.bench.text_cmd` and
+:mod:`.text_report`.
 """
 
 from __future__ import annotations

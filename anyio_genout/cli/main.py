@@ -70,11 +70,11 @@ def _run_backend(fn: Callable[[argparse.Namespace], Awaitable[int]],
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "mock-engine":
-        from ..mock.cli import main as mock_main
+        from .mock_cmd import main as mock_main
 
         return mock_main(argv[1:])
     if argv and argv[0] == "bench":
-        from ..bench.cli import main as bench_main
+        from .bench.main import main as bench_main
 
         return bench_main(argv[1:])
     if argv and argv[0] == WORKER_COMMAND:  # internal: `serve --workers N`

@@ -136,7 +136,7 @@ class MockEngineConfig:
     5 minutes; ``math.inf`` waits for a front end as long as it takes). With
     ``until_client_leaves``, :meth:`MockEngine.serve` returns (normally, with
     ``client_left`` set) once the front end's input socket goes away: its process closed it
-    or died. ``python -m anyio_genout.mock`` uses it to serve clients one after another, a
+    or died. ``python -m anyio_genout mock-engine`` uses it to serve clients one after another, a
     fresh engine for each. A real engine handshakes once per process and never notices its
     front end leaving.
 

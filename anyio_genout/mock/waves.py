@@ -24,7 +24,7 @@ and there is no coordinator process: the wave messages go on the engine's output
 (to every front end), where a real engine started without a coordinator sends
 ``wave_complete`` (from every rank, not only the lowest) and never ``start_wave``, which
 a real engine sends to a coordinator only. The group lives in one process, so the
-engines of a group cannot be separate ``python -m anyio_genout.mock`` processes.
+engines of a group cannot be separate ``python -m anyio_genout mock-engine`` processes.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from anyio_genout.bench.cli import plan
 from anyio_genout.bench.report import build_report, format_table
+from anyio_genout.cli.bench.main import plan
 
 CELL_KEYS = {
     "impl", "backend", "workload", "concurrency", "rounds", "wall_s", "delivered_tokens",
@@ -28,7 +28,7 @@ CELL_KEYS = {
 def test_quick_run_writes_the_expected_json(tmp_path: Path) -> None:
     output = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "anyio_genout.bench", "--quick", "--backends", "asyncio",
+        [sys.executable, "-m", "anyio_genout", "bench", "--quick", "--backends", "asyncio",
          "--output", str(output), "--no-plot"],
         capture_output=True, text=True, timeout=220, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]

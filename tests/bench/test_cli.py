@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from anyio_genout.bench import cli as bench_cli
 from anyio_genout.bench.spec import BACKENDS
+from anyio_genout.cli.bench import main as bench_cli
 
 from ..mock.test_cli import assert_every_option_documented, help_entries
 
@@ -95,3 +95,26 @@ def test_help_shows_the_real_defaults() -> None:
     assert "(default: bench-results/bench.json)" in entries["--output"]
     assert "(default: 300.0)" in entries["--timeout"]
     assert "(default: 1,64,256,1024; quick: 1,64)" in entries["--concurrency"]
+
+
+def test_bench_profile_summarises_py_spy_stacks_without_the_extra(tmp_path: Path) -> None:
+    """``anyio-genout bench profile STACKS.txt``: the summary of py-spy's collapsed stacks
+    (the stacks outside ``--within`` left out), with no extra installed."""
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text(
+        "run_forever (asyncio/base_events.py:1);decode (anyio_genout/protocol/x.py:3) 3\n"
+        "run_forever (asyncio/base_events.py:1);recv (anyio_genout/transport.py:9) 1\n"
+        "import_module (importlib/__init__.py:5) 50\n")
+    proc = run_without("psutil", "bench", "profile", str(stacks), "--top", "1")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "4 samples"
+    assert lines[lines.index("self time by area:") + 1] == \
+        "   75.0%  anyio_genout.protocol (decode)"
+    assert lines[lines.index("top functions by self time:") + 1] == \
+        "   75.0%  decode (anyio_genout/protocol/x.py)"
+
+
+def test_bench_profile_help_documents_every_option() -> None:
+    parser = bench_cli._build(bench_cli.DEFAULT_PROG)[1]["profile"]
+    assert_every_option_documented(parser)

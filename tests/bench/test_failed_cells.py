@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from anyio_genout.bench import cli as bench_cli
-from anyio_genout.bench import run_cmd
 from anyio_genout.bench.report import build_report, format_table
 from anyio_genout.bench.spec import WORKLOADS, CellSpec
+from anyio_genout.cli.bench import main as bench_cli
+from anyio_genout.cli.bench import run_cmd
 
 
 def failed(workload: str, concurrency: int) -> dict[str, Any]:

@@ -15,8 +15,6 @@ from typing import Any
 import psutil
 import pytest
 
-from anyio_genout.bench.cli import build_parser
-from anyio_genout.bench.server_cmd import plan_servers, size_cell
 from anyio_genout.bench.server_procs import Child
 from anyio_genout.bench.server_report import (
     build_server_report,
@@ -24,6 +22,8 @@ from anyio_genout.bench.server_report import (
     parse_bench_result,
 )
 from anyio_genout.bench.vllm_rs import ensure_vllm_rs
+from anyio_genout.cli.bench.main import build_parser
+from anyio_genout.cli.bench.server_cmd import plan_servers, size_cell
 
 #: The fields of a real ``vllm-rs bench serve --save-result`` file (0.33.0, trimmed).
 RESULT: dict[str, Any] = {

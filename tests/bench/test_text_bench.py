@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 from anyio_genout.bench.text_report import build_text_report
-from anyio_genout.mock.cli import build_parser, config_from_args
+from anyio_genout.cli.mock_cmd import build_parser, config_from_args
 from tests.mock.test_cli import front_end, handshake
 
 
@@ -25,7 +25,7 @@ from tests.mock.test_cli import front_end, handshake
 def test_quick_text_run_measures_every_variant_on_real_text(tmp_path: Path) -> None:
     output = tmp_path / "text.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "anyio_genout.bench", "text", "--quick", "--no-vllm",
+        [sys.executable, "-m", "anyio_genout", "bench", "text", "--quick", "--no-vllm",
          "--backends", "asyncio", "--concurrency", "1,4", "--output", str(output)],
         capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -93,7 +93,7 @@ def test_mock_engine_generates_the_corpus_given_on_its_command_line(tmp_path: Pa
     path = tmp_path / "corpus.json"
     path.write_text(json.dumps(corpus))
     with front_end() as (sockets, address):
-        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock",
+        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout", "mock-engine",
                                  "--handshake-address", address, "--no-log-stats",
                                  "--vocab-size", "1024", "--corpus-token-ids", str(path)])
         try:
@@ -130,8 +130,9 @@ def test_mock_engine_names_a_bad_corpus_file(tmp_path: Path, content: str | None
 
 
 def test_mock_engine_exits_2_on_a_bad_corpus_file(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
-                           "tcp://127.0.0.1:1", "--corpus-token-ids", str(tmp_path / "none")],
+    proc = subprocess.run([sys.executable, "-m", "anyio_genout", "mock-engine",
+                           "--handshake-address", "tcp://127.0.0.1:1",
+                           "--corpus-token-ids", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert "--corpus-token-ids: cannot read" in proc.stderr

@@ -145,8 +145,8 @@ async def test_an_engine_whose_sockets_close_fails_everything_within_5_s() -> No
 
 @asynccontextmanager
 async def mock_engine_process(address: str, *args: str) -> AsyncIterator[anyio.abc.Process]:
-    """``python -m anyio_genout.mock`` dialling ``address``; killed for sure afterwards."""
-    command = [sys.executable, "-m", "anyio_genout.mock", "--handshake-address", address,
+    """``python -m anyio_genout mock-engine`` dialling ``address``; killed for sure afterwards."""
+    command = [sys.executable, "-m", "anyio_genout", "mock-engine", "--handshake-address", address,
                "--once", *args]
     async with await anyio.open_process(command, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL,

@@ -3,7 +3,7 @@
     .venv/bin/python -m tests.mock.bench_mock [--seconds 5] [--concurrency 1024]
         [--max-tokens 0] [--no-log-stats] [--backend asyncio|trio] [--uvloop]
 
-The engine runs in its own process (``python -m anyio_genout.mock``); this process plays a
+The engine runs in its own process (``python -m anyio_genout mock-engine``); this process plays a
 plain synchronous pyzmq front end: it handshakes, keeps ``--concurrency`` requests in flight
 (re-adding one whenever one finishes) and drains the output PULL, decoding every message with
 msgpack to count tokens. ``--max-tokens 0`` means "never finish during the run" (pure decode
@@ -44,7 +44,7 @@ def main() -> None:
     inp_addr = f"tcp://127.0.0.1:{inp.bind_to_random_port('tcp://127.0.0.1')}"
     out_addr = f"tcp://127.0.0.1:{out.bind_to_random_port('tcp://127.0.0.1')}"
     max_model_len = 1 << 30 if args.max_tokens == 0 else 1 << 16
-    cmd = [sys.executable, "-m", "anyio_genout.mock", "--handshake-address",
+    cmd = [sys.executable, "-m", "anyio_genout", "mock-engine", "--handshake-address",
            f"tcp://127.0.0.1:{hs_port}", "--max-num-seqs", str(args.concurrency),
            "--max-model-len", str(max_model_len), "--backend", args.backend,
            "--log-stats" if args.log_stats else "--no-log-stats"]

@@ -1,5 +1,5 @@
-"""``python -m anyio_genout.mock`` / ``anyio-genout mock-engine``: a real process, driven by a
-blocking pyzmq front end or by our Client, one client after another."""
+"""``anyio-genout mock-engine`` (``python -m anyio_genout mock-engine``): a real process,
+driven by a blocking pyzmq front end or by our Client, one client after another."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from anyio_genout import (
     collect_output,
 )
 from anyio_genout.cli.main import main as console_main
+from anyio_genout.cli.mock_cmd import build_parser, main
 from anyio_genout.errors import HandshakeTimeoutError
 from anyio_genout.mock import greedy_tokens
-from anyio_genout.mock.cli import build_parser, main
 from tests.support import wait_until
 
 from ..cli.support import Output, cli_process, free_port
@@ -68,7 +68,7 @@ def handshake(sockets: dict[str, Any]) -> bytes:
                                                  ("trio", signal.SIGTERM)])
 def test_cli_serves_until_a_signal(backend: str, signum: int) -> None:
     with front_end() as (sockets, address):
-        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock",
+        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout", "mock-engine",
                                  "--handshake-address", address, "--rank", "0",
                                  "--step-time", "0.001", "--no-log-stats",
                                  "--backend", backend])
@@ -92,7 +92,7 @@ def test_cli_serves_until_a_signal(backend: str, signum: int) -> None:
 
 def test_cli_exits_1_when_the_engine_dies() -> None:
     with front_end() as (sockets, address):
-        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout.mock",
+        proc = subprocess.Popen([sys.executable, "-m", "anyio_genout", "mock-engine",
                                  "--handshake-address", address, "--dead-after-steps", "0"],
                                 stderr=subprocess.PIPE, text=True)
         try:
@@ -225,10 +225,10 @@ def test_help_names_the_command_it_was_run_as(capsys: pytest.CaptureFixture[str]
         console_main(["mock-engine", "--help"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.startswith("usage: anyio-genout mock-engine ")
-    proc = subprocess.run([sys.executable, "-m", "anyio_genout.mock", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "anyio_genout", "mock-engine", "--help"],
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: python -m anyio_genout.mock ")
+    assert proc.stdout.startswith("usage: anyio-genout mock-engine ")
 
 
 def help_entries(help_text: str) -> dict[str, str]:

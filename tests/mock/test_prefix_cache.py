@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from anyio_genout.cli.mock_cmd import build_parser, config_from_args
 from anyio_genout.mock import MockEngineConfig
-from anyio_genout.mock.cli import build_parser, config_from_args
 from anyio_genout.mock.prefix_cache import PrefixCache
 from tests.mock.frontend import running_engine
 

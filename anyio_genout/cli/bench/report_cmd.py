@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli.helpformat import HelpFormatter
+from ...bench.spec import Result
+from ..helpformat import HelpFormatter
 from .options import DEFAULT_DIR
 from .output import load_vllm, report, write_plot
-from .spec import Result
 
 __all__ = ["add_parser", "run"]
 

@@ -1,5 +1,5 @@
-"""Command line of the mock engine core (``anyio-genout mock-engine``, or
-``python -m anyio_genout.mock``).
+"""Command line of the mock engine core, ``anyio-genout mock-engine`` (or ``python -m
+anyio_genout mock-engine``): its options, and serving one client after another.
 
 Example, dialling a front end like ``vllm serve --headless`` does::
 
@@ -33,15 +33,15 @@ from typing import Any
 import anyio
 import attrs
 
-from ..cli.backends import BACKENDS, anyio_run_arguments, require_backend
-from ..cli.engines import interruptible
-from ..cli.helpformat import HelpFormatter
-from ..cli.text_model import mock_model
 from ..errors import GenoutError, HandshakeTimeoutError, ModelFolderError
+from ..mock.config import MockEngineConfig, MockFaults
+from ..mock.engine import MockEngine
+from ..mock.waves import WaveGroup
 from ..text.tokenizer import Tokenizer
-from .config import MockEngineConfig, MockFaults
-from .engine import MockEngine
-from .waves import WaveGroup
+from .backends import BACKENDS, anyio_run_arguments, require_backend
+from .engines import interruptible
+from .helpformat import HelpFormatter
+from .text_model import mock_model
 
 __all__ = ["DEFAULT_PROG", "build_parser", "config_from_args", "main"]
 

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from ..cli.helpformat import HelpFormatter
-from .attempts import keep_quietest, run_vllm_group
+from ...bench.attempts import keep_quietest, run_vllm_group
+from ...bench.spec import CellSpec, Result
+from ..helpformat import HelpFormatter
 from .options import (
     DEFAULT_DIR,
     add_measuring_options,
@@ -31,7 +32,6 @@ from .options import (
 )
 from .output import meta, progress, report
 from .run_cmd import plan
-from .spec import CellSpec, Result
 
 __all__ = ["add_parser", "plan_vllm", "run"]
 

@@ -6,11 +6,13 @@ and on (:class:`~anyio_genout.text.TextClient`, without and with two stop string
 cost of ``DecodeStream.step`` alone, and vLLM's ``AsyncLLM`` with its tokenizer loaded
 (detokenizing or not), at each concurrency. The run repeats ``--repeats`` times, the cells
 of a repeat interleaved (ours, then vLLM; the other way round in the next repeat), every
-cell in a fresh process with its own engine; the report takes medians (:mod:`.text_report`).
+cell in a fresh process with its own engine; the report takes medians
+(:mod:`~anyio_genout.bench.text_report`).
 
 vLLM runs in ``--vllm-python`` (default: this interpreter, if it has vLLM); ``nox -s
 bench-text`` runs the whole command in the interop environment, where it has. Its model
-folder is ``--model``'s config with the bundled tokenizer (:func:`.text.make_model_dir`).
+folder is ``--model``'s config with the bundled tokenizer
+(:func:`~anyio_genout.bench.text.make_model_dir`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from ..cli.backends import importable
-from ..cli.helpformat import HelpFormatter
+from ...bench.spec import BACKENDS, Result, tokens_for
+from ..backends import importable
+from ..helpformat import HelpFormatter
 from .options import DEFAULT_DIR, csv_list, missing_extras
 from .output import meta
-from .spec import BACKENDS, Result, tokens_for
 
 __all__ = ["add_parser", "plan_text", "run"]
 
@@ -89,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 def plan_text(*, impl: str, backend: str, levels: Sequence[int], quick: bool, repeat: int,
               model_dir: str, corpus_file: str, min_time: float | None) -> list[Result]:
     """A repeat's cells of one implementation, as JSON specs (:class:`.text.TextSpec`)."""
-    from .text import OURS_VARIANTS, VARIANTS, TextSpec
+    from ...bench.text import OURS_VARIANTS, VARIANTS, TextSpec
 
     rounds: dict[str, Any] = ({"min_rounds": 1, "max_rounds": 1, "min_time": 0.0} if quick else
               {"min_rounds": 5, "max_rounds": 200,
@@ -149,10 +151,10 @@ def _progress(result: Result, seconds: float) -> str:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Measure, write the results, print the table and the targets; exit status 1 if a cell
     failed, 2 if an extra is missing or vLLM is asked for without ``--model``."""
-    from ..text import Tokenizer, bundled_corpus
-    from .measure import wait_until_quiet
-    from .text import corpus_token_ids, make_model_dir
-    from .text_report import build_text_report, format_text_table
+    from ...bench.measure import wait_until_quiet
+    from ...bench.text import corpus_token_ids, make_model_dir
+    from ...bench.text_report import build_text_report, format_text_table
+    from ...text import Tokenizer, bundled_corpus
 
     prog: str = args.prog
     missing = missing_extras(prog, args)

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from ..cli.backends import missing_backend
-from .attempts import keep_quietest, run_cell
+from ...bench.attempts import keep_quietest, run_cell
+from ...bench.spec import BACKENDS, WORKLOADS, CellSpec, Result, tokens_for
+from ..backends import missing_backend
 from .options import (
     DEFAULT_DIR,
     add_measuring_options,
@@ -30,7 +31,6 @@ from .options import (
     settle_seconds,
 )
 from .output import GC_NOTE, load_vllm, meta, profile_text, progress, report, write_plot
-from .spec import BACKENDS, WORKLOADS, CellSpec, Result, tokens_for
 
 __all__ = ["add_arguments", "available", "plan", "run"]
 

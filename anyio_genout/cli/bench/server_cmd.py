@@ -12,8 +12,9 @@ wrote it): streaming ``/v1/completions``, random 32-token prompts, 128 output to
    generator's result file; CPU seconds of the server's process tree, of the mock engine
    and of the load generator from ``/proc`` before and after, per 1k output tokens.
 
-The servers and their processes: :mod:`.server_procs`; the binary: :mod:`.vllm_rs`; the
-ratios, the targets and the table: :mod:`.server_report`. ``nox -s bench-server`` runs the
+The servers and their processes: :mod:`~anyio_genout.bench.server_procs`; the binary:
+:mod:`~anyio_genout.bench.vllm_rs`; the ratios, the targets and the table:
+:mod:`~anyio_genout.bench.server_report`. ``nox -s bench-server`` runs the
 command in the interop environment, where ``vllm serve`` is installed.
 """
 
@@ -35,8 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from ..cli.backends import importable
-from ..cli.helpformat import HelpFormatter
+from ..backends import importable
+from ..helpformat import HelpFormatter
 from .options import DEFAULT_DIR, csv_list
 
 __all__ = ["add_parser", "plan_servers", "run", "size_cell"]
@@ -115,7 +116,7 @@ def plan_servers(kinds: Sequence[str], backends: Sequence[str], workers: Sequenc
                  workers_supported: bool) -> tuple[list[Any], list[str]]:
     """The :class:`.server_procs.ServerSpec` list to measure, and notes on what is skipped:
     ours for each worker count and backend, then vllm serve, then vllm-rs."""
-    from .server_procs import ServerSpec
+    from ...bench.server_procs import ServerSpec
 
     specs: list[ServerSpec] = []
     notes: list[str] = []
@@ -158,7 +159,7 @@ def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: in
     Raises :class:`RuntimeError` (with its output's tail) if it fails or its result does not
     parse, :class:`subprocess.TimeoutExpired` past ``timeout`` seconds.
     """
-    from .server_report import parse_bench_result
+    from ...bench.server_report import parse_bench_result
 
     cmd = [str(binary), "bench", "serve", "--backend", "openai", "--base-url", base_url,
            "--endpoint", "/v1/completions", "--model", model, "--dataset-name", "random",
@@ -227,8 +228,9 @@ def _profile(server: Any, binary: Path, model: str, concurrency: int, seconds: f
              folder: Path, py_spy: str, profile_dir: Path, tokens_per_s: float) -> Result:
     """Sample the server with py-spy (``--nonblocking``, every process of its tree) during
     one more load run of about ``seconds``; the stacks and their summary go to
-    ``profile_dir``. Returns the summary (:func:`.server_report.summarise_server_stacks`)."""
-    from .server_report import summarise_server_stacks
+    ``profile_dir``. Returns the summary
+    (:func:`~anyio_genout.bench.server_report.summarise_server_stacks`)."""
+    from ...bench.server_report import summarise_server_stacks
 
     stem = f"{server.spec.label.replace(' ', '-')}-c{concurrency}"
     stacks = profile_dir / f"{stem}.stacks.txt"
@@ -266,7 +268,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _write(output: Path, info: Result, cells: list[Result]) -> tuple[list[Result], list[Result]]:
-    from .server_report import build_server_report
+    from ...bench.server_report import build_server_report
 
     ratios, targets = build_server_report(cells)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -286,10 +288,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"{prog}: give --model DIR (or set ANYIO_GENOUT_VLLM_MODEL): the model folder "
               f"every server and the load generator read", file=sys.stderr)
         return 2
-    from .measure import environment
-    from .server_procs import has_workers_option, running
-    from .server_report import format_server_table
-    from .vllm_rs import ensure_vllm_rs
+    from ...bench.measure import environment
+    from ...bench.server_procs import has_workers_option, running
+    from ...bench.server_report import format_server_table
+    from ...bench.vllm_rs import ensure_vllm_rs
 
     model = str(Path(args.model).resolve())
     kinds = args.servers or list(SERVER_KINDS)
@@ -315,7 +317,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "load": f"vllm-rs bench serve --backend openai --endpoint /v1/completions "
                 f"--dataset-name random --random-input-len {INPUT_LEN} --random-output-len "
                 f"{OUTPUT_LEN} --ignore-eos --no-steady-state (streaming)",
-        "engine": "python -m anyio_genout.mock --step-time 0 --max-num-seqs 256 "
+        "engine": "python -m anyio_genout mock-engine --step-time 0 --max-num-seqs 256 "
                   "--no-log-stats, a fresh one per server",
         "cell_seconds": seconds, "levels": levels, "notes": notes,
         "servers": [s.label for s in specs]}

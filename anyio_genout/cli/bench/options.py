@@ -13,8 +13,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ..cli.backends import extra_message, importable, missing_backend
-from .spec import DEFAULT_CONCURRENCY, WORKLOADS
+from ...bench.spec import DEFAULT_CONCURRENCY, WORKLOADS
+from ..backends import extra_message, importable, missing_backend
 
 __all__ = ["DEFAULT_DIR", "add_measuring_options", "concurrency_levels", "csv_list",
            "missing_extras", "retries", "settle_seconds"]

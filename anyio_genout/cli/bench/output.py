@@ -1,5 +1,6 @@
 """What the bench commands print and write besides the figures: a run's ``meta`` block,
-one progress line per cell, the table (:mod:`.report`), profile summaries and the plot."""
+one progress line per cell, the table (:mod:`~anyio_genout.bench.report`), profile summaries
+and the plot."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from ..cli.backends import extra_message
-from .spec import CellSpec, Result
+from ...bench.spec import CellSpec, Result
+from ..backends import extra_message
 
 __all__ = ["ENGINE_NOTE", "GC_NOTE", "load_vllm", "meta", "profile_text", "progress",
            "report", "write_plot"]
 
 GC_NOTE: Final = ("gc.freeze() after start-up and warm-up in every client process (ours, "
                   "floor, vLLM); the collector stays enabled for objects made later")
-ENGINE_NOTE: Final = ("mock engine core in its own process (python -m anyio_genout.mock, "
+ENGINE_NOTE: Final = ("mock engine core in its own process (python -m anyio_genout mock-engine, "
                       "--step-time 0, --no-log-stats, max_num_seqs 1024, one "
                       "EngineCoreOutputs per step for all running requests), TCP loopback")
 _WORKLOADS: Final = {
@@ -36,7 +37,7 @@ _WORKLOADS: Final = {
 
 def meta(mode: str, argv: Sequence[str]) -> dict[str, Any]:
     """The ``meta`` block of a results file: the mode, the command, the machine, the notes."""
-    from .measure import environment  # psutil: checked before a command starts
+    from ...bench.measure import environment  # psutil: checked before a command starts
 
     return {
         "mode": mode,
@@ -89,8 +90,9 @@ def load_vllm(path: str | None) -> tuple[list[Result] | None, dict[str, Any] | N
 
 def report(results: list[Result], vllm: list[Result] | None, meta: dict[str, Any]
            ) -> tuple[str, list[Result], list[Result]]:
-    """The table to print, the ratios and the targets (:func:`.report.build_report`)."""
-    from .report import build_report, format_table
+    """The table to print, the ratios and the targets
+    (:func:`~anyio_genout.bench.report.build_report`)."""
+    from ...bench.report import build_report, format_table
 
     ratios, targets = build_report(results, vllm)
     return format_table(results, vllm, targets, meta), ratios, targets
@@ -112,7 +114,7 @@ def write_plot(results: list[Result], vllm: list[Result] | None, path: str,
     """Draw the PNG; its path, or None if there was nothing to draw or no matplotlib (one
     line on stderr names the extra)."""
     try:
-        from .plot import plot
+        from ...bench.plot import plot
     except ImportError:  # pragma: no cover - matplotlib missing
         return None
     try:

@@ -1,8 +1,8 @@
 """``anyio-genout bench routing [...]``: prefix-aware vs load-only routing (issue #17).
 
-Runs :func:`.routing.run_benchmark` (every workload under both routers, fresh mock engines
-per cell, all in this process) ``--repeats`` times, prints the Markdown table of the median
-repeat per cell and the prefix/load ratios, and writes every repeat to
+Runs :func:`~anyio_genout.bench.routing.run_benchmark` (every workload under both routers,
+fresh mock engines per cell, all in this process) ``--repeats`` times, prints the Markdown
+table of the median repeat per cell and the prefix/load ratios, and writes every repeat to
 ``--output`` (JSON). ``nox -s bench-routing`` runs it.
 """
 
@@ -17,10 +17,7 @@ from typing import Any
 import anyio
 import attrs
 
-from ..cli.backends import BACKENDS, anyio_run_arguments, require_backend
-from ..cli.helpformat import HelpFormatter
-from .options import DEFAULT_DIR, csv_list
-from .routing import (
+from ...bench.routing import (
     ROUTINGS,
     WORKLOADS,
     BenchSettings,
@@ -30,6 +27,9 @@ from .routing import (
     run_benchmark,
     summary,
 )
+from ..backends import BACKENDS, anyio_run_arguments, require_backend
+from ..helpformat import HelpFormatter
+from .options import DEFAULT_DIR, csv_list
 
 __all__ = ["add_parser", "run"]
 
