@@ -7,7 +7,8 @@ The layers, bottom up: ``errors``; ``protocol`` (sans I/O); ``transport`` and ``
 uses only ``errors``, ``protocol`` and ``transport``/``readiness``, and only ``vllm``,
 ``bench`` and ``cli`` may use it. Folders are layers, with no exception: a module's layer is
 its folder (its first name below ``anyio_genout``), so every command line, the mock
-engine's and the benchmark's too, lives under ``cli/``.
+engine's and the benchmark's too, lives under ``cli/``. docs/architecture.md lists the
+layers in the same order (checked here too).
 
 Every import counts: absolute or relative, at module level, in a function, or under ``if
 TYPE_CHECKING:`` (a type-only import is still a dependency, and the first step to a circle).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import shutil
 from pathlib import Path
 
@@ -256,6 +258,71 @@ def import_cycles(package: Path) -> list[list[str]]:
 
 def test_no_import_runs_up_the_layers() -> None:
     assert layer_violations(PACKAGE) == []
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+_DIAGRAM_MARK = "<!-- layers:"
+#: A layer line of the diagram: one space, then its folders (``engine/``) or files
+#: (``errors.py``, ``__init__.py`` for the facade), comma-separated, then what they hold.
+_LAYER_LINE = re.compile(
+    r"^ (?P<names>\w+(?:/|\.py)(?:, \w+(?:/|\.py))*)(?: {2,}(?P<text>.*))?$")
+
+
+def _layer_name(name: str) -> str:
+    """``engine/`` -> ``engine``, ``errors.py`` -> ``errors``, ``__init__.py`` -> ``""``."""
+    name = name.removesuffix("/").removesuffix(".py")
+    return "" if name == "__init__" else name
+
+
+def architecture_diagram(text: str) -> list[tuple[list[str], str]]:
+    """The layers docs/architecture.md's diagram lists, top down: ``(names, text)`` per line
+    (text with its continuation lines), from the fenced block after the layers mark."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(_DIAGRAM_MARK))
+    assert lines[start + 1].startswith("```"), "the layers mark is not above a fenced block"
+    entries: list[tuple[list[str], str]] = []
+    for line in lines[start + 2:]:
+        if line.startswith("```"):
+            break
+        match = _LAYER_LINE.match(line)
+        if match is not None:
+            entries.append(([_layer_name(n) for n in match["names"].split(", ")],
+                            match["text"] or ""))
+        elif entries and line.strip(" │"):
+            names, described = entries[-1]
+            entries[-1] = (names, f"{described} {line.strip(' │')}")
+    return entries
+
+
+def test_the_architecture_diagram_lists_the_layers_in_rank_order() -> None:
+    """docs/architecture.md's diagram cannot fall behind :data:`_RANKS`: the same layers,
+    top down, one line per rank (the pairs of :data:`_SIDEWAYS` on one line, in order),
+    then ``mock`` beside them, naming what it uses and who uses it; every name a folder or
+    a file of the package."""
+    entries = architecture_diagram(ARCHITECTURE.read_text())
+    stack = [names for names, _ in entries if names != ["mock"]]
+    by_rank: dict[int, set[str]] = {}
+    for part, rank in _RANKS.items():
+        by_rank.setdefault(rank, set()).add(part)
+    assert [set(names) for names in stack] == [by_rank[r] for r in sorted(by_rank, reverse=True)]
+    for first, second in _SIDEWAYS:
+        line = next(names for names in stack if first in names)
+        assert second in line and line.index(first) < line.index(second), (first, second)
+    assert [names for names, _ in entries][-1] == ["mock"], "mock's line comes last"
+    mock_text = entries[-1][1]
+    used_by = {part for part, rank in _RANKS.items() if rank >= _MOCK_USED_FROM} - {"__main__"}
+    for part in (_MOCK_USES - {"mock"}) | used_by:
+        assert re.search(rf"\b{part}\b", mock_text), f"mock's line does not name {part}"
+    for names, _ in entries:
+        for name in names:
+            assert name == "" or (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
+
+
+def test_the_diagram_reader_reads_the_lines_it_should() -> None:
+    text = "\n".join(["intro", "<!-- layers: -->", "```", " a/, b.py    holds x", "      │ and y",
+                      "        │", " __init__.py", "", " mock/   uses a", "```", " c/   after"])
+    assert architecture_diagram(text) == [(["a", "b"], "holds x and y"), ([""], ""),
+                                          (["mock"], "uses a")]
 
 
 #: Import circles tolerated (issue 13 removed the last two, generate.client <-> .stream and
