@@ -17,15 +17,13 @@ import json
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, BinaryIO, Final
 
-import anyio
 import attrs
 
 from ..errors import InvalidRequestError, UsageError
 from ..text.client import TextClient
-from ..text.request import check_text_request
 from .run_input import BadLine, decode_line
 
 __all__ = ["BATCH_KEYS", "CHAT_URL", "COMPLETIONS_URL", "BatchItem", "BatchParser",
@@ -93,12 +91,13 @@ class BatchItem:
 
 
 def _server() -> Any:
+    """The server's ``app`` and ``serving`` modules (the server extra is optional)."""
     try:
-        from ..server import app, errors, requests, response
+        from ..server import app, serving
     except ImportError as exc:
         raise UsageError("OpenAI batch lines need the server extra (pip install "
                          f"'anyio-genout[server]'): {exc}") from None
-    return app, errors, requests, response
+    return app, serving
 
 
 def _tool_serving(tool_flags: Mapping[str, Any] | None) -> Any:
@@ -109,16 +108,12 @@ def _tool_serving(tool_flags: Mapping[str, Any] | None) -> Any:
     return ToolServing.from_names(**(tool_flags or {}))
 
 
-def _choices(requests: Any, max_n: int, url: str, body: Any, max_model_len: int | None,
-             vocab_size: int | None, tools: Any = None) -> Any:
-    """The server's choices of ``body`` (its ``requests.Choices``), as the server makes
-    them with its default ``max_n`` and ``tools`` (a ``ToolServing``). Raises the
-    server's ``ApiError`` (400 naming the field)."""
-    if url == COMPLETIONS_URL:
-        return requests.completion_choices(body, max_n=max_n, max_model_len=max_model_len,
-                                           vocab_size=vocab_size)
-    return requests.chat_choices(body, max_n=max_n, max_model_len=max_model_len,
-                                 tool_serving=tools)
+def _error_line(custom_id: str, exc: Any) -> dict[str, Any]:
+    """The output line of the server's ``ApiError`` ``exc``: its status, OpenAI's body."""
+    from ..server.errors import error_body
+
+    return output_line(custom_id, exc.status, None, error_body(exc.status, exc.message,
+                                                               exc.param))
 
 
 class BatchParser:
@@ -130,7 +125,7 @@ class BatchParser:
     """
 
     def __init__(self, model: str, tool_flags: Mapping[str, Any] | None = None) -> None:
-        app, self._errors, self._requests, _ = _server()
+        app, self._serving = _server()
         self._max_n: int = app.MAX_N
         self._model = model
         self._tools = _tool_serving(tool_flags)
@@ -155,12 +150,12 @@ class BatchParser:
         if method != "POST":
             return BatchItem(custom_id, error_line=output_line(
                 custom_id, 400, None, f"Method {method} was used. Only POST is supported."))
+        from ..server.errors import ApiError
+
         try:
             body = self._body(url, value["body"])
-        except self._errors.ApiError as exc:
-            return BatchItem(custom_id, error_line=output_line(
-                custom_id, exc.status, None,
-                self._errors.error_body(exc.status, exc.message, exc.param)))
+        except ApiError as exc:
+            return BatchItem(custom_id, error_line=_error_line(custom_id, exc))
         return BatchItem(custom_id, url, body)
 
     def _body(self, url: str, body: Any) -> Any:
@@ -168,91 +163,52 @@ class BatchParser:
         as the server makes them (what needs the engines, the vocabulary and
         ``max_model_len``, is checked again when it runs).
 
-        Raises the server's ``ApiError`` (400 naming the field) for an invalid body.
+        Raises the server's ``ApiError`` (400 naming the field as the server names it) for
+        an invalid body.
         """
-        import pydantic
+        from ..server.errors import ApiError
 
-        from ..server import models
-
-        errors = self._errors
-        model = (models.CompletionRequest if url == COMPLETIONS_URL
-                 else models.ChatCompletionRequest)
-        try:
-            parsed = model.model_validate(body)
-        except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or "body"
-            raise errors.ApiError(400, f"invalid request: {param}: {first['msg']}",
-                                  param) from None
+        serving = self._serving
+        parsed = serving.parse_body(url, body)
         if parsed.stream:
-            raise errors.ApiError(400, "invalid request: stream: Request must not be sent "
-                                  "in stream mode", "stream")
+            raise ApiError(400, "invalid request: stream: Request must not be sent "
+                           "in stream mode", "stream")
         if parsed.model is None:
             parsed = parsed.model_copy(update={"model": self._model})
-        for request in _choices(self._requests, self._max_n, url, parsed, None,
-                                None, self._tools).requests:
-            try:
-                check_text_request(request)
-            except InvalidRequestError as exc:
-                raise errors.error_for(exc) from None
+        serving.check_choices(serving.choices(parsed, max_n=self._max_n, max_model_len=None,
+                                              tool_serving=self._tools))
         return parsed
 
 
 class BatchRunner:
     """Runs :class:`BatchItem` on ``text_client`` and makes their output lines: each body
-    runs as the server runs it (its choices, its ``TextResponse``), so the response bodies
-    are the server's."""
+    is served by the server's serving functions (:mod:`anyio_genout.server.serving`), so
+    the response bodies and the errors are the server's."""
 
     def __init__(self, text_client: TextClient,
                  tool_flags: Mapping[str, Any] | None = None) -> None:
         self._text = text_client
-        app, self._errors, self._requests, self._response = _server()
-        self._max_n: int = app.MAX_N
-        self._tools = _tool_serving(tool_flags)
+        app, self._serving = _server()
+        # The model is each body's (given, or run's --model): batch lines do not check it.
+        self._server = self._serving.Serving(text_client=text_client, model_name="",
+                                             max_n=app.MAX_N,
+                                             tool_serving=_tool_serving(tool_flags))
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""
         if item.error_line is not None:
             return item.error_line, _failure(item.error_line), 0
-        tokenizer = self._text.tokenizer
+        from ..server.errors import ApiError
+
+        serving = self._serving
         try:
-            plan = _choices(self._requests, self._max_n, item.url, item.body,
-                            self._text.client.engine.max_model_len, tokenizer.vocab_size,
-                            self._tools)
-        except self._errors.ApiError as exc:
-            line = output_line(item.custom_id, exc.status, None,
-                               self._errors.error_body(exc.status, exc.message, exc.param))
-            return line, _failure(line), 0
-
-        def decode(ids: Sequence[int]) -> str:
-            return tokenizer.decode(list(ids), skip_special_tokens=False)
-
-        status, body = await _respond(self._response.TextResponse(
-            self._text, plan.requests, plan.format(item.body.model, decode), stream=False,
-            include_usage=False))
-        if status != 200:
-            line = output_line(item.custom_id, status, None, body)
+            plan = self._server.plan(item.body, model=item.body.model)
+            body = await serving.serve_whole(serving.Generation(self._text, plan))
+        except ApiError as exc:
+            line = _error_line(item.custom_id, exc)
             return line, _failure(line), 0
         return (output_line(item.custom_id, 200, body, None), None,
                 int(body["usage"]["completion_tokens"]))
-
-
-async def _respond(response: Any) -> tuple[int, dict[str, Any]]:
-    """The status and JSON body of the server's whole (not streamed) ``response``, run as
-    the ASGI server would run it, with a client that never leaves."""
-    messages: list[dict[str, Any]] = []
-
-    async def receive() -> dict[str, Any]:
-        await anyio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        messages.append(message)
-
-    await response({"type": "http"}, receive, send)
-    status = int(messages[0]["status"])
-    body = json.loads(b"".join(m.get("body", b"") for m in messages[1:]))
-    return status, body
 
 
 def _failure(line: dict[str, Any]) -> str:

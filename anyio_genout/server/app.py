@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -24,6 +23,7 @@ from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .requests import check_unicode
 from .response import TextResponse
+from .serving import Serving
 from .tools import ToolServing
 
 __all__ = ["create_app"]
@@ -78,15 +78,12 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     tool_serving = ToolServing.from_names(tool_call_parser, reasoning_parser,
                                           enable_auto_tool_choice=enable_auto_tool_choice)
 
-    def check_model(model: str | None) -> None:
-        if model is not None and model != model_name:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
-
+    serving = Serving(text_client=text_client, model_name=model_name, max_n=max_n,
+                      trust_request_chat_template=trust_request_chat_template,
+                      tool_serving=tool_serving)
+    check_model = serving.check_model
     client = text_client.client
     tokenizer = text_client.tokenizer
-
-    def _decode_prompt(ids: Sequence[int]) -> str:
-        return tokenizer.decode(list(ids), skip_special_tokens=False)
     app = FastAPI(title="anyio-genout", docs_url=None, redoc_url=None)
     install_handlers(app)
     app.add_middleware(Limits, max_body_size=max_body_size,
@@ -145,21 +142,12 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest) -> Response:
         check_model(body.model)
-        plan = requests.completion_choices(body, max_n=max_n,
-                                           max_model_len=client.engine.max_model_len,
-                                           vocab_size=tokenizer.vocab_size)
-        return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
-                            stream=body.stream, include_usage=_usage(body))
+        return TextResponse(text_client, serving.plan(body))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
-        plan = requests.chat_choices(body, max_n=max_n,
-                                     max_model_len=client.engine.max_model_len,
-                                     trust_request_chat_template=trust_request_chat_template,
-                                     tool_serving=tool_serving)
-        return TextResponse(text_client, plan.requests, plan.format(model_name, _decode_prompt),
-                            stream=body.stream, include_usage=_usage(body))
+        return TextResponse(text_client, serving.plan(body))
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
@@ -199,7 +187,3 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
 
     app.include_router(api)
     return app
-
-
-def _usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
-    return body.stream_options is not None and body.stream_options.include_usage

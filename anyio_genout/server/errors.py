@@ -4,6 +4,7 @@ status codes, and the exception handlers that give every failure that shape."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -14,7 +15,8 @@ from starlette.responses import Response
 
 from ..errors import ClientUnhealthyError, GenoutError, InvalidRequestError, UsageError
 
-__all__ = ["ApiError", "error_body", "error_for", "error_response", "install_handlers"]
+__all__ = ["ApiError", "error_body", "error_for", "error_response", "install_handlers",
+           "validation_error"]
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
           405: "MethodNotAllowed", 422: "BadRequestError", 500: "InternalServerError",
@@ -80,19 +82,27 @@ async def _on_api_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status, exc.message, exc.param)
 
 
-async def _on_validation(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
+def validation_error(errors: Sequence[Mapping[str, Any]], body: Any) -> ApiError:
+    """The 400 of a body that failed its pydantic model (``errors``, pydantic's
+    ``ValidationError.errors()``, locations with or without FastAPI's leading ``"body"``):
+    the first error, ``param`` its location in ``body`` with the union tags stripped
+    (``prompt``, ``stop[0]``). The server's handler and ``run``'s batch lines both answer
+    with it, so the two name a field alike."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid body"}
     if first.get("type") == "json_invalid":
         # loc is ("body", <character offset>): not a field, so no param.
         ctx = first.get("ctx")
         detail = str(ctx.get("error", "")) if isinstance(ctx, dict) else ""
-        return error_response(400, f"invalid request: the body is not valid JSON ({detail})"
-                              if detail else "invalid request: the body is not valid JSON")
-    param = _loc(tuple(first.get("loc", ())), exc.body)
-    return error_response(400, f"invalid request: {param}: {first.get('msg', 'invalid')}",
-                          param)
+        return ApiError(400, f"invalid request: the body is not valid JSON ({detail})"
+                        if detail else "invalid request: the body is not valid JSON")
+    param = _loc(tuple(first.get("loc", ())), body)
+    return ApiError(400, f"invalid request: {param}: {first.get('msg', 'invalid')}", param)
+
+
+async def _on_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    error = validation_error(exc.errors(), exc.body)
+    return error_response(error.status, error.message, error.param)
 
 
 async def _on_http(request: Request, exc: Exception) -> Response:

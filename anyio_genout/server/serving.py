@@ -1,0 +1,321 @@
+"""OpenAI serving as plain functions: a request body in; a response body, or its SSE chunks, out.
+
+The HTTP routes (:mod:`.app`, through the transport :class:`~.response.TextResponse`) and
+``anyio-genout run``'s OpenAI batch lines (:mod:`anyio_genout.cli.run_batch`) both call
+these, as vLLM's routes and ``run_batch`` both call its ``OpenAIServingCompletion`` and
+``OpenAIServingChat``, so a body means the same, answers the same and fails with the same
+error (status, message, ``param``) to both:
+
+* :func:`parse_body` validates a body with the server's request model (the routes get this
+  from FastAPI; both map a failure with :func:`~.errors.validation_error`);
+* :class:`Serving` turns a body into a :class:`Plan` (its child requests and the response's
+  :class:`~.formats.Format`), raising :class:`~.errors.ApiError` naming the field;
+* :class:`Generation` enters every child request (checked and sent: a bad one is an
+  ``ApiError`` before anything is answered), and :meth:`Generation.close` is what a
+  disconnect calls;
+* :func:`serve_whole` runs one to its JSON body; :func:`serve_stream` runs an entered one,
+  handing each rendered SSE chunk to a ``send_chunk`` callback, and returns the last bytes.
+
+Every :class:`~anyio_genout.errors.GenoutError` is mapped here, once, with the route's
+``param`` names (:meth:`.Format.api_error`). Nothing here knows ASGI: the transport starts
+the response, writes the bytes and watches the connection. The generation's scopes are an
+:class:`~contextlib.AsyncExitStack` inside :class:`Generation` and task groups inside the
+functions: no async generator straddles them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+import attrs
+import pydantic
+
+from ..errors import GenoutError, InvalidRequestError
+from ..text.client import TextClient
+from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_outputs
+from ..text.request import TextRequest, check_text_request
+from ..text.stream import TextStream
+from . import requests
+from .errors import ApiError, error_body, validation_error
+from .formats import Format, sse_event
+from .models import ChatCompletionRequest, CompletionRequest
+from .tools import ToolServing
+
+__all__ = ["CHAT_URL", "COMPLETIONS_URL", "DONE", "Body", "Generation", "Plan", "Serving",
+           "check_choices", "choices", "parse_body", "serve_stream", "serve_whole"]
+
+COMPLETIONS_URL: Final = "/v1/completions"
+CHAT_URL: Final = "/v1/chat/completions"
+#: The SSE stream's last event.
+DONE: Final = b"data: [DONE]\n\n"
+
+Body = CompletionRequest | ChatCompletionRequest
+
+
+def parse_body(url: str, body: Any) -> Body:
+    """``body`` (decoded JSON) validated with the request model of ``url``
+    (:data:`COMPLETIONS_URL` or :data:`CHAT_URL`), as the route validates it.
+
+    Raises:
+        ApiError: 400 naming the field as the server names it (:func:`validation_error`).
+    """
+    model = CompletionRequest if url == COMPLETIONS_URL else ChatCompletionRequest
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        raise validation_error(exc.errors(), body) from None
+
+
+def choices(body: Body, *, max_n: int, max_model_len: int | None,
+            vocab_size: int | None = None, trust_request_chat_template: bool = False,
+            tool_serving: ToolServing | None = None) -> requests.Choices:
+    """The child requests of a completions or chat completions ``body``
+    (:func:`~.requests.completion_choices` or :func:`~.requests.chat_choices`; None
+    limits are not checked here). Raises ApiError (400) naming the field."""
+    if isinstance(body, CompletionRequest):
+        return requests.completion_choices(body, max_n=max_n, max_model_len=max_model_len,
+                                           vocab_size=vocab_size)
+    return requests.chat_choices(body, max_n=max_n, max_model_len=max_model_len,
+                                 trust_request_chat_template=trust_request_chat_template,
+                                 tool_serving=tool_serving)
+
+
+def check_choices(found: requests.Choices) -> None:
+    """The checks of entering that need no engine (:func:`check_text_request` of each
+    request), for a body read before it runs (``run``'s batch lines).
+
+    Raises:
+        ApiError: 400 naming the field as the route names it (:meth:`.Format.api_error`).
+    """
+    for request in found.requests:
+        try:
+            check_text_request(request)
+        except InvalidRequestError as exc:
+            raise found.format("", _no_decode).api_error(exc) from None
+
+
+def _no_decode(ids: Sequence[int]) -> str:
+    return ""
+
+
+@attrs.frozen
+class Plan:
+    """One body to serve: its child requests (one per choice, by ``index``), the format of
+    its response, and how it is answered (``stream``; ``include_usage``: a streamed usage
+    chunk before ``[DONE]``)."""
+
+    requests: Sequence[TextRequest]
+    format: Format
+    stream: bool = False
+    include_usage: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Serving:
+    """The completions and chat completions of ``text_client``, as ``model_name``: at most
+    ``max_n`` choices, a request's own chat template only if
+    ``trust_request_chat_template``, chat outputs read with ``tool_serving``'s parsers."""
+
+    text_client: TextClient
+    model_name: str
+    max_n: int
+    trust_request_chat_template: bool = False
+    tool_serving: ToolServing = attrs.field(factory=ToolServing)
+
+    def check_model(self, model: str | None) -> None:
+        """Raises ApiError (404) if ``model`` is given and is not the one served."""
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def plan(self, body: Body, *, model: str | None = None) -> Plan:
+        """``body``'s :class:`Plan`, its responses naming ``model`` (None: the served name).
+
+        Raises ApiError (400) naming the field: the checks of
+        :func:`~.requests.completion_choices` and :func:`~.requests.chat_choices`, with the
+        engines' ``max_model_len`` and the tokenizer's vocabulary."""
+        text = self.text_client
+        tokenizer = text.tokenizer
+        found = choices(body, max_n=self.max_n, max_model_len=text.client.engine.max_model_len,
+                        vocab_size=tokenizer.vocab_size,
+                        trust_request_chat_template=self.trust_request_chat_template,
+                        tool_serving=self.tool_serving)
+
+        def decode(ids: Sequence[int]) -> str:  # the echoed text of token-id prompts
+            return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+        stream_options = body.stream_options
+        return Plan(found.requests, found.format(model or self.model_name, decode),
+                    stream=body.stream,
+                    include_usage=stream_options is not None and stream_options.include_usage)
+
+
+class Generation:
+    """The running child requests of a :class:`Plan` on ``text_client``.
+
+    ``async with`` enters (checks, encodes and sends) every request before anything is
+    answered, so a bad field is an :class:`ApiError` (its ``param`` named as the route
+    names it) and the response has not started; leaving closes every request (each still
+    running aborted once). :meth:`close` closes them at once, and any entered later.
+    """
+
+    def __init__(self, text_client: TextClient, plan: Plan) -> None:
+        self.plan = plan
+        self._text = text_client
+        self._scopes = AsyncExitStack()
+        #: The requests' streams, by choice index (those entered so far).
+        self.streams: list[TextStream] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Self:
+        """Raises ApiError: a request failed its checks or could not be sent."""
+        try:
+            for request in self.plan.requests:
+                self.streams.append(await self._scopes.enter_async_context(
+                    self._text.generate(request)))
+                if self._closed:
+                    self.streams[-1].close()
+        except GenoutError as exc:
+            await self._scopes.aclose()
+            raise self.plan.format.api_error(exc) from None
+        except BaseException:
+            await self._scopes.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Leave every request's scope (idempotent): each still running is aborted once,
+        and each records its end in the metrics."""
+        await self._scopes.aclose()
+
+    def close(self) -> None:
+        """Close every request now, synchronously (a disconnect): each still running is
+        aborted once, and one entered after this is closed as it is entered."""
+        self._closed = True
+        for stream in self.streams:
+            stream.close()
+
+
+def _with_buffered(stream: TextStream, out: TextOutput) -> tuple[TextOutput, GenoutError | None]:
+    """``out`` with whatever else of ``stream`` is already buffered merged in: under load
+    a client gets what arrived together as one event (one write, one JSON document) instead
+    of an event per token. An error met there comes second, after what came before it."""
+    if out.finish_reason is not None:
+        return out, None
+    more = [out]
+    failure = None
+    try:
+        while more[-1].finish_reason is None:
+            more.append(stream.receive_nowait())
+    except (anyio.WouldBlock, anyio.EndOfStream):
+        pass
+    except GenoutError as exc:
+        failure = exc
+    return merge_outputs(more), failure
+
+
+async def _each(streams: list[TextStream],
+                work: Callable[[int, TextStream], Awaitable[None]]) -> None:
+    """``work(i, stream)`` for each stream, concurrently when several; the first error
+    of the library cancels the others and is raised as it is (no ExceptionGroup)."""
+    if len(streams) == 1:
+        await work(0, streams[0])
+        return
+    failures: list[GenoutError] = []
+
+    async def one(i: int, stream: TextStream, scope: anyio.CancelScope) -> None:
+        try:
+            await work(i, stream)
+        except GenoutError as exc:
+            failures.append(exc)
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for i, stream in enumerate(streams):
+            tg.start_soon(one, i, stream, tg.cancel_scope)
+    if failures:
+        raise failures[0]
+
+
+async def serve_whole(generation: Generation) -> dict[str, Any]:
+    """Enter ``generation`` (not entered yet), read every choice to its end and leave it:
+    the response's JSON body. The requests are closed when it returns (a client given the
+    body finds the request in ``/metrics``: the streams record their end on close).
+
+    Raises:
+        ApiError: a request failed (on entering: 400 naming the field, 503 while the
+            client is unhealthy; later: 500, or 503), as the route answers it.
+    """
+    fmt = generation.plan.format
+    async with generation:
+        streams = generation.streams
+        wholes: list[CollectedTextOutput | None] = [None] * len(streams)
+
+        async def collect(i: int, stream: TextStream) -> None:
+            wholes[i] = await collect_text(stream)
+
+        try:
+            await _each(streams, collect)
+            return fmt.whole([whole for whole in wholes if whole is not None])
+        except GenoutError as exc:
+            raise fmt.api_error(exc) from None
+
+
+async def serve_stream(generation: Generation,
+                       send_chunk: Callable[[bytes], Awaitable[None]]) -> bytes:
+    """Run an entered ``generation`` as an SSE stream: each rendered chunk goes to
+    ``send_chunk`` (never two at once; the choices' chunks interleave by ``index`` as their
+    tokens arrive); returns the stream's last bytes (the usage chunk if asked for, and
+    ``data: [DONE]``), for the caller to send after every request is closed (closed here
+    first, so a client that has ``[DONE]`` finds the request in ``/metrics``).
+
+    An error of a request (an engine death, a finish reason ``error``) ends it: the other
+    choices are closed and the last bytes are an error event and ``data: [DONE]``, so a
+    client never hangs.
+    """
+    plan = generation.plan
+    fmt = plan.format
+    streams = generation.streams
+    send = send_chunk
+    if len(streams) > 1:
+        lock = anyio.Lock()
+
+        async def send_locked(chunk: bytes) -> None:  # choices send from their own tasks
+            async with lock:
+                await send_chunk(chunk)
+
+        send = send_locked
+    completion = 0
+
+    async def relay(i: int, stream: TextStream) -> None:
+        nonlocal completion
+        async for out in stream:
+            out, failure = _with_buffered(stream, out)
+            completion += len(out.token_ids)
+            event = fmt.event(out, i)
+            if event is not None:
+                await send(event)
+            if failure is not None:
+                raise failure
+
+    try:
+        for first in fmt.first_chunks(len(streams)):
+            await send_chunk(sse_event(first))
+        await _each(streams, relay)
+    except GenoutError as exc:
+        await generation.aclose()
+        error = fmt.api_error(exc)  # vLLM's param names
+        return sse_event(error_body(error.status, error.message, error.param)) + DONE
+    await generation.aclose()
+    if not plan.include_usage:
+        return DONE
+    usage = fmt.usage_chunk(fmt.prompt_tokens([len(s.prompt_token_ids) for s in streams]),
+                            completion)
+    return sse_event(usage) + DONE
