@@ -227,6 +227,16 @@ class EngineCoreOutputStream:
         self._since_checkpoint = count
         return self.receive_output_nowait()
 
+    def peek_output(self) -> EngineCoreOutput | None:
+        """The next buffered output without taking it: None when nothing is buffered, when
+        an error or the end comes next, or once the stream ended. The generate layer's
+        coalescing looks ahead with it; :meth:`receive_output_nowait` then takes the output
+        (outside the turn's count: a merged delivery is one take)."""
+        items = self._box.items
+        if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
+            return items[1]  # type: ignore[return-value]
+        return None
+
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")
         error.args = (f"another task is already iterating the stream of request "

@@ -127,12 +127,14 @@ class Client:
     def inflight(self) -> InflightRequests:
         return self._inflight
 
-    def generate(self, request: GenerateRequest) -> GenerateStream:
+    def generate(self, request: GenerateRequest, *, per_step: bool = False) -> GenerateStream:
         """Start ``request``: ``async with client.generate(request) as stream:``.
 
         The request is validated when the ``async with`` block is entered, before anything
         is sent (:class:`~anyio_genout.InvalidRequestError` names the field). See
-        :class:`GenerateStream` for what leaving the block early does.
+        :class:`GenerateStream` for what leaving the block early does. Outputs that wait
+        while the consumer is busy come merged into one (docs/lifecycle.md, "Coalescing");
+        ``per_step=True``: one output per engine step instead.
 
         Raises:
             InvalidRequestError: ``request.sampling_params`` is not a
@@ -143,7 +145,8 @@ class Client:
                                                    eos_token_id=self._config.eos_token_id)
         return new_generate_stream(self._engine, self._metrics, self._inflight, engine_request,
                                    callers_ids=not self._config.randomize_request_ids,
-                                   migration_limit=self._config.migration_limit)
+                                   migration_limit=self._config.migration_limit,
+                                   per_step=per_step)
 
     async def abort(self, request_ids: Sequence[str] = ()) -> None:
         """Abort every live request with one of these external ids (all requests if empty).

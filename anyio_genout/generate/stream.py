@@ -24,6 +24,7 @@ from ..protocol import (
     EngineCoreRequest,
 )
 from .abort_cause import AbortCause, record_abort
+from .coalesce import Merge, gather
 from .inflight import AbortedIds, InflightGuard, InflightRequests
 from .migration import Migration, can_migrate
 from .output import (
@@ -67,18 +68,23 @@ class GenerateStream:
     :class:`.state.StreamStateError` (a RuntimeError) naming the phase. With
     ``ClientConfig(migration_limit=N)`` a request whose engine dies moves to a live one, up
     to N times, without a gap (:class:`.migration.Migration`, docs/reliability.md).
+    Outputs that wait while the consumer is busy come merged into one (:mod:`.coalesce`,
+    docs/lifecycle.md "Coalescing"); ``client.generate(request, per_step=True)``: one
+    output per engine step.
     """
 
-    __slots__ = ("_aborted", "_engine", "_engine_request", "_external_id", "_finish_pending",
-                 "_guard", "_inflight", "_matcher", "_metrics", "_migration",
+    __slots__ = ("_aborted", "_coalesce", "_engine", "_engine_request", "_external_id",
+                 "_finish_pending", "_guard", "_inflight", "_matcher", "_metrics", "_migration",
                  "_migration_limit", "_number", "_raw", "_state", "_tracker")
 
     def __init__(self, engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                  engine_request: EngineCoreRequest, *, callers_ids: bool,
-                 migration_limit: int = 0, _made_by: object = None) -> None:
+                 migration_limit: int = 0, per_step: bool = False,
+                 _made_by: object = None) -> None:
         """Made by :meth:`Client.generate` only. ``callers_ids``: the engine knows the
         request by the caller's id, so an aborted id is refused a while (:class:`AbortedIds`);
-        ``migration_limit``: how many times the request may move when its engine dies."""
+        ``migration_limit``: how many times the request may move when its engine dies;
+        ``per_step``: one output per engine step (no coalescing, :mod:`.coalesce`)."""
         if _made_by is not _MADE_HERE:
             raise TypeError("GenerateStream has no public constructor: use "
                             "`async with client.generate(request) as stream`")
@@ -87,6 +93,7 @@ class GenerateStream:
         self._inflight = inflight
         self._engine_request = engine_request
         self._external_id = engine_request.external_req_id or engine_request.request_id
+        self._coalesce = not per_step
         self._state = Phase.IDLE
         self._raw: EngineCoreOutputStream | None = None
         self._tracker: RequestTracker | None = None
@@ -263,10 +270,11 @@ class GenerateStream:
 
     async def receive(self) -> list[int] | GenerateOutput:
         """:meth:`__anext__` for a layer above that builds its own output per token (the text
-        layer): a plain step (neither the first output nor the terminal one; tokens only, no
-        logprobs, prefill stats, transfer params, sampling mask, speculative-decoding
-        metrics or stop token sequences) comes as its new token ids alone; any other as the
-        ``GenerateOutput`` of ``__anext__``. The metrics see the same either way.
+        layer): a plain step, or plain steps merged (coalescing: neither the first output nor
+        the terminal one; tokens only, no logprobs, prefill stats, transfer params, sampling
+        mask, speculative-decoding metrics or stop token sequences) comes as its new token
+        ids alone; any other as the ``GenerateOutput`` of ``__anext__``. The metrics see the
+        same either way.
 
         Raises:
             StopAsyncIteration: after the terminal output (or after an error, or close()).
@@ -301,7 +309,7 @@ class GenerateStream:
             raise
         if output is None:
             return None
-        return self._take(raw, output, plain)
+        return self._deliver(raw, output, plain)
 
     async def _wait(self, plain: bool) -> list[int] | GenerateOutput:
         """What :meth:`_poll` could not serve: the end (a cancellation point), or the wait
@@ -324,7 +332,7 @@ class GenerateStream:
             except Exception:
                 self._failed(raw)
                 raise
-            return self._take(raw, output, plain)
+            return self._deliver(raw, output, plain)
 
     def _failed(self, raw: EngineCoreOutputStream) -> None:
         """ERROR, if what ``raw`` just raised ends it (not a second consumer's
@@ -358,32 +366,11 @@ class GenerateStream:
         self._guard = self._inflight.track(self._external_id, new.request_id)
         return new
 
-    def _take(self, raw: EngineCoreOutputStream, output: EngineCoreOutput, plain: bool
-              ) -> list[int] | GenerateOutput:
-        """``output``, just received: with ``plain``, its token ids if a plain step (see
-        :meth:`receive`), else its :class:`GenerateOutput`; the metrics updated."""
-        if plain and self._state is _STREAMING and self._matcher is None:
-            (_rid, tokens, logprobs, _prompt_logprobs, _pooling, finish_reason, _stop_reason,
-             _events, kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask,
-             spec_metrics, _prompt_token_id_logprobs, _error) = output
-            if (finish_reason is None and logprobs is None and prefill is None
-                    and mask is None and kv_params is None and ec_params is None
-                    and spec_metrics is None):
-                # OUTPUT in STREAMING stays STREAMING (TRANSITIONS): nothing to store.
-                tracker = self._tracker
-                assert tracker is not None
-                tracker.observe_output(raw.timestamp,
-                                       time.time() if tracker.is_prefilling else 0.0, output)
-                migration = self._migration
-                if migration is not None:
-                    migration.delivered.extend(tokens)
-                return tokens
-        return self._deliver(raw, output)
-
-    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput
-                 ) -> GenerateOutput:
-        """The :class:`GenerateOutput` of ``output``, just received (the metrics updated):
-        OUTPUT or TERMINAL."""
+    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput, plain: bool
+                 ) -> list[int] | GenerateOutput:
+        """The :class:`GenerateOutput` of ``output``, just received, merged with the outputs
+        buffered behind it (:mod:`.coalesce`), the metrics updated: OUTPUT or TERMINAL. With
+        ``plain`` (:meth:`receive`), a plain step (or a merge of them) as its token ids."""
         tracker = self._tracker
         assert tracker is not None
         # One unpacking instead of a field lookup per use (this runs once per token).
@@ -408,7 +395,31 @@ class GenerateStream:
             raise SamplingMaskMismatchError(
                 f"request {rid}: sampling mask has {len(mask)} rows for "
                 f"{len(tokens)} new tokens")
-        matched = self._matcher.feed(tokens) if self._matcher is not None else None
+        matcher = self._matcher
+        matched = matcher.feed(tokens) if matcher is not None else None
+        plain = (plain and state is _STREAMING and matcher is None and logprobs is None
+                 and prefill is None and mask is None and kv_params is None
+                 and ec_params is None and spec_metrics is None)
+        migration = self._migration
+        cached = 0
+        # A continuation's prefill is of prompt + delivered tokens: not the prompt's.
+        if prefill is not None and not (migration is not None and migration.continued):
+            cached = prefill.num_cached_tokens
+        if matched is None and finish_reason is None:
+            if self._coalesce and raw.peek_output() is not None:  # more waiting: merged
+                merge = gather(raw, tracker, matcher,
+                               migration is not None and migration.continued, Merge.start(
+                                   tokens, logprobs, mask, cached, kv_params, ec_params,
+                                   spec_metrics, plain))
+                plain = merge.plain
+                (tokens, logprobs, mask, cached, kv_params, ec_params, spec_metrics,
+                 finish_reason, stop_reason, matched, received_at) = merge.result(received_at)
+            if plain:  # OUTPUT in STREAMING stays STREAMING (TRANSITIONS): nothing to store
+                if migration is not None:
+                    migration.delivered.extend(tokens)
+                return tokens
+        elif matched is not None and not received_at:
+            received_at = time.time()  # the finish's time (e2e), as for a terminal output
         finish = FinishReason.STOP if matched is not None else None  # the match's: below
         if matched is None and finish_reason is not None:
             finish = FinishReason.from_engine(finish_reason, stop_reason)
@@ -424,25 +435,12 @@ class GenerateStream:
                 # The client matched a stop sequence: the stop cut (frees a live request).
                 tokens, logprobs, mask, finish = cut_at_stop(self, matched[0], matched[1],
                                                              tokens, logprobs, mask)
-        migration = self._migration
         if migration is not None:
             migration.delivered.extend(tokens)
             if migration.moves:
                 rid = self._engine_request.request_id  # the stream's id, not the continuation's
-        return GenerateOutput(
-            rid,
-            tokens,
-            prompt_info,
-            logprobs,
-            finish,
-            # A continuation's prefill is of prompt + delivered tokens: not the prompt's.
-            prefill.num_cached_tokens if prefill is not None and not (
-                migration is not None and migration.continued) else 0,
-            kv_params,
-            ec_params,
-            mask,
-            spec_metrics,
-        )
+        return GenerateOutput(rid, tokens, prompt_info, logprobs, finish, cached, kv_params,
+                              ec_params, mask, spec_metrics)
 
     async def collect_output(self) -> CollectedGenerateOutput:
         """Gather the rest of this stream (:func:`collect_output`: it raises
@@ -453,7 +451,9 @@ class GenerateStream:
 
 def new_generate_stream(engine: EngineCoreClient, metrics: Metrics, inflight: InflightRequests,
                         engine_request: EngineCoreRequest, *,
-                        callers_ids: bool, migration_limit: int = 0) -> GenerateStream:
+                        callers_ids: bool, migration_limit: int = 0,
+                        per_step: bool = False) -> GenerateStream:
     """:meth:`Client.generate`'s way to make a stream (package-internal)."""
     return GenerateStream(engine, metrics, inflight, engine_request, callers_ids=callers_ids,
-                          migration_limit=migration_limit, _made_by=_MADE_HERE)
+                          migration_limit=migration_limit, per_step=per_step,
+                          _made_by=_MADE_HERE)

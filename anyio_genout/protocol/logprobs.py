@@ -196,6 +196,22 @@ class SamplingMask:
 
     __hash__ = None  # type: ignore[assignment]
 
+    @classmethod
+    def concat(cls, parts: Sequence[SamplingMask]) -> SamplingMask | None:
+        """Stack several steps' masks into one, row after row (None for no parts)."""
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        offsets = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for part in parts:
+            own = (np.array([0, part.token_ids.shape[0]], dtype=np.int64)
+                   if part.offsets is None else part.offsets.astype(np.int64))
+            offsets.append(own[1:] - own[0] + base)
+            base += int(own[-1] - own[0])
+        ids = np.concatenate([p.token_ids[int(p.offsets[0]):int(p.offsets[-1])]
+                              if p.offsets is not None else p.token_ids for p in parts])
+        return cls(ids, np.concatenate(offsets))
+
 
 def decode_sampling_mask(value: object, frames: AuxFrames, where: str) -> SamplingMask | None:
     if value is None:

@@ -59,13 +59,17 @@ class TextClient:
     def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
-    def generate(self, request: TextRequest) -> TextStream:
+    def generate(self, request: TextRequest, *, per_step: bool = False) -> TextStream:
         """Start ``request``: ``async with text_client.generate(request) as stream:``.
 
         Nothing is checked or sent until the ``async with`` block is entered (see
-        :class:`TextStream` for what entering raises and what leaving early does).
+        :class:`TextStream` for what entering raises and what leaving early does). Outputs
+        that wait while the consumer is busy come merged into one, their text together
+        (docs/lifecycle.md, "Coalescing"); ``per_step=True``: one output per engine step, as
+        :meth:`Client.generate` gives them.
         """
-        return new_text_stream(self._client, self._tokenizer, self._eos, request, self._offload)
+        return new_text_stream(self._client, self._tokenizer, self._eos, request, self._offload,
+                               per_step=per_step)
 
     async def encode(self, request: TextRequest) -> tuple[str | None, list[int]]:
         """What entering ``request``'s stream would send: the prompt text (the rendered

@@ -110,13 +110,14 @@ class TextStream:
     """
 
     __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_inner", "_logprobs",
-                 "_offload", "_prompt", "_prompt_ids", "_prompt_pending", "_push", "_request",
-                 "_rid", "_tokenizer")
+                 "_offload", "_per_step", "_prompt", "_prompt_ids", "_prompt_pending", "_push",
+                 "_request", "_rid", "_tokenizer")
 
     def __init__(self, client: Client, tokenizer: Tokenizer, eos: ModelEos,
                  request: TextRequest, offload: Offload | None = None, *,
-                 _made_by: object = None) -> None:
-        """Made by :meth:`TextClient.generate` (there is no public constructor)."""
+                 per_step: bool = False, _made_by: object = None) -> None:
+        """Made by :meth:`TextClient.generate` (there is no public constructor).
+        ``per_step``: one output per engine step (the token stream's, no coalescing)."""
         if _made_by is not _MADE_HERE:
             raise TypeError("TextStream has no public constructor: use "
                             "`async with text_client.generate(request) as stream`")
@@ -124,6 +125,7 @@ class TextStream:
         self._tokenizer = tokenizer
         self._eos = eos
         self._request = request
+        self._per_step = per_step
         self._offload = Offload(tokenizer) if offload is None else offload
         self._inner: GenerateStream | None = None
         self._decoder: TextDecoder | None = None
@@ -168,7 +170,7 @@ class TextStream:
             priority=request.priority, data_parallel_rank=request.data_parallel_rank,
             lora_request=request.lora_request)
         self._prompt_ids = tuple(generate_request.prompt_token_ids)
-        inner = self._client.generate(generate_request)
+        inner = self._client.generate(generate_request, per_step=self._per_step)
         await inner.__aenter__()  # the token-level checks; then the request is sent
         try:
             if request.detokenize:
@@ -368,6 +370,8 @@ class TextStream:
 
 
 def new_text_stream(client: Client, tokenizer: Tokenizer, eos: ModelEos,
-                    request: TextRequest, offload: Offload) -> TextStream:
+                    request: TextRequest, offload: Offload, *,
+                    per_step: bool = False) -> TextStream:
     """:meth:`TextClient.generate`'s way to make a stream (package-internal)."""
-    return TextStream(client, tokenizer, eos, request, offload, _made_by=_MADE_HERE)
+    return TextStream(client, tokenizer, eos, request, offload, per_step=per_step,
+                      _made_by=_MADE_HERE)

@@ -32,7 +32,11 @@ def engine_address() -> Iterator[str]:
         yield address
 
 
-async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str) -> None:
+@pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
+async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str,
+                                                            per_step: bool) -> None:
+    """Per step: 0.2 ms of work per output. Coalesced, the outputs that waited come as one,
+    so the work is per token there (else the consumer keeps up and the stream ends first)."""
     config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=engine_address,
                                                         ready_timeout=20), registry=None)
     async with Client.connect(config) as client:
@@ -43,10 +47,11 @@ async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str)
             started = time.monotonic()
             got = 0
             with anyio.move_on_after(0.1) as scope:
-                async with client.generate(request) as stream:
+                async with client.generate(request, per_step=per_step) as stream:
                     async for out in stream:
                         got += len(out.token_ids)
-                        time.sleep(0.0002)  # noqa: ASYNC251 - work that blocks the loop, as a busy consumer does
+                        # Work that blocks the loop, as a busy consumer does.
+                        time.sleep(0.0002 * (1 if per_step else len(out.token_ids)))  # noqa: ASYNC251
             took = time.monotonic() - started
             assert scope.cancelled_caught, f"the stream ended first ({got} tokens)"
             assert took < 0.6, f"the 0.1 s timeout fired after {took:.2f} s, {got} tokens"

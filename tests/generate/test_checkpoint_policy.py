@@ -3,7 +3,9 @@ cancel scope's deadline, not after a fixed number of buffered outputs.
 
 The fake engine buffers many outputs at once; the consumer spends 1 ms of blocking work on
 each. Before, the stream yielded once every 32 buffered outputs: a 10 ms timeout around it
-fired after 32 outputs (more than 32 ms), and another task waited as long for its turn."""
+fired after 32 outputs (more than 32 ms), and another task waited as long for its turn.
+The streams are per step (``per_step=True``): the policy counts outputs, and coalesced the
+buffered steps would come as a few large outputs."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ async def test_a_timeout_around_a_busy_consumer_fires_within_an_output_or_two() 
     async with generate_cluster() as (client, (engine,)):
         got = 0
         with anyio.move_on_after(0.01) as scope:
-            async with client.generate(request("busy", max_tokens=None)) as stream:
+            async with client.generate(request("busy", max_tokens=None),
+                                       per_step=True) as stream:
                 internal = (await engine.receive_add()).request.request_id
                 await engine.send([output(internal, [7]) for _ in range(200)])
                 async for out in stream:
@@ -52,7 +55,7 @@ async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
                 last = now
 
         async with anyio.create_task_group() as tg, \
-                client.generate(request("hog", max_tokens=None)) as stream:
+                client.generate(request("hog", max_tokens=None), per_step=True) as stream:
             internal = (await engine.receive_add()).request.request_id
             # The last output ends the stream, so a slow machine that gives the ticker fewer
             # turns fails the count below instead of waiting forever for more outputs.

@@ -39,7 +39,7 @@ async def test_stop_sequences_wait_for_min_tokens() -> None:
             await engine.send([output(internal, [5, 6, 7])])  # ends at token 2 < min_tokens
             await engine.send([output(internal, [5, 6, 8])])  # ends at token 5 >= 4
             outs = [o async for o in stream]
-        assert [o.token_ids for o in outs] == [[5, 6, 7], [5, 6]]
+        assert [t for o in outs for t in o.token_ids] == [5, 6, 7, 5, 6]
         assert outs[-1].finish_reason == FinishReason.stop((5, 6))
 
 

@@ -46,9 +46,10 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_generate_streams_outputs() -> None:
+    # Per step: each output is one engine step's delta (merged ones: test_coalesce.py).
     first_lp, last_lp, prompt_lp = logprobs([1, 2]), logprobs([3]), logprobs([11, 22], top=2)
     async with generate_cluster(client_index=7) as (client, (engine,)):
-        async with client.generate(request("req-delta")) as stream:
+        async with client.generate(request("req-delta"), per_step=True) as stream:
             add = await engine.receive_add()
             internal = add.request.request_id
             assert internal_id_pattern("req-delta").match(internal)
@@ -315,7 +316,7 @@ async def test_generate_records_request_metrics_in_prometheus_output() -> None:
             await engine.send([output(internal, [2, 3], LENGTH, (PREEMPTED, 10.5))],
                               timestamp=11.5)
             outs = [out async for out in stream]
-        assert [o.token_ids for o in outs] == [[1], [2, 3]]
+        assert [t for o in outs for t in o.token_ids] == [1, 2, 3]
         samples = scrape(client)
 
         def value(name: str, **extra: str) -> float | None:

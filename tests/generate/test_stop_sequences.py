@@ -63,7 +63,7 @@ async def test_match_on_the_last_allowed_token_needs_no_abort() -> None:
             await engine.send([output(internal, [4, 5])])
             await engine.send([output(internal, [6], LENGTH)])  # max_tokens reached
             outs = [out async for out in stream]
-        assert [o.token_ids for o in outs] == [[4, 5], [6]]
+        assert [t for o in outs for t in o.token_ids] == [4, 5, 6]
         assert outs[-1].finish_reason == FinishReason.stop((5, 6))
         await engine.expect_nothing(0.1)  # the engine had finished the request already
         assert finished_counts(client) == {"stop": 1}
@@ -105,7 +105,7 @@ async def test_min_tokens_holds_back_stop_sequences_like_vllm(
                 last = i == len(steps) - 1 and finish.kind is FinishReasonKind.LENGTH
                 await engine.send([output(internal, step, LENGTH if last else None)])
             outs = [out async for out in stream]
-        assert [list(o.token_ids) for o in outs] == expected
+        assert [t for o in outs for t in o.token_ids] == [t for s in expected for t in s]
         assert outs[-1].finish_reason == finish
         assert finished_counts(client) == {finish.as_str(): 1}
         if finish.kind is FinishReasonKind.STOP:

@@ -60,22 +60,27 @@ async def test_streamed_text_is_the_decoded_token_ids() -> None:
         assert text == decoded(tokens) and len(text) > 100
         assert outs[0].prompt_token_ids == tuple(ids) and outs[0].prompt == PROMPT
         assert all(out.prompt_token_ids is None and out.prompt is None for out in outs[1:])
-        assert [out.finish_reason for out in outs] == [None] * 63 + [FinishReason.LENGTH]
+        # Steps that waited for the consumer come merged: the finish is the last output's.
+        assert [out.finish_reason for out in outs] == [None] * (len(outs) - 1) + [
+            FinishReason.LENGTH]
         assert success_total(setup.client) == {"length": 1.0}
 
 
-async def test_multi_byte_characters_never_show_half_decoded() -> None:
+@pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
+async def test_multi_byte_characters_never_show_half_decoded(per_step: bool) -> None:
     # A prompt whose greedy continuation runs through text in other scripts.
     prompt = next(p for p in (f"Story {i}:" for i in range(500))
                   if any(ord(c) > 0x2000 for c in decoded(predicted(prompt_ids(p), 40))))
     async with text_client() as setup:
         request = TextRequest(prompt=prompt, sampling_params=greedy(40))
-        async with setup.text.generate(request) as stream:
+        async with setup.text.generate(request, per_step=per_step) as stream:
             outs = [out async for out in stream]
     deltas = [out.text for out in outs]
     assert "".join(deltas) == decoded(predicted(prompt_ids(prompt), 40))
     assert not any("\ufffd" in delta for delta in deltas)
-    assert "" in deltas[:-1]  # some token completed no character by itself: held, not mangled
+    if per_step:  # one token a step: some token completed no character by itself
+        assert len(outs) == 40
+        assert "" in deltas[:-1]  # held, not mangled
 
 
 async def test_a_stop_string_mid_stream_truncates_and_aborts_once_counted_as_stop() -> None:
@@ -282,16 +287,19 @@ async def test_an_engine_dying_mid_stream_fails_every_text_stream_once() -> None
                 pytest.fail("entered")  # pragma: no cover
 
 
-async def test_receive_nowait_takes_what_arrived_and_merges_to_the_same_text() -> None:
+@pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
+async def test_receive_nowait_takes_what_arrived_and_merges_to_the_same_text(
+        per_step: bool) -> None:
     """A consumer that fell behind takes every buffered output at once; merged, they are
-    the same delta as one by one (text, tokens, the finish of the last)."""
+    the same delta as one by one (text, tokens, the finish of the last). Coalesced, the
+    stream has merged them already: what arrived after the first output is one output."""
     async with text_client(step_time=0.0) as setup:
         params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0)
         async with setup.text.generate(TextRequest(prompt=PROMPT,
                                                    sampling_params=params)) as stream:
             alone = await stream.collect_text()
-        async with setup.text.generate(TextRequest(prompt=PROMPT,
-                                                   sampling_params=params)) as stream:
+        async with setup.text.generate(TextRequest(prompt=PROMPT, sampling_params=params),
+                                       per_step=per_step) as stream:
             first = await stream.__anext__()
             await wait_until(lambda: not setup.engine.running_ids)
             await anyio.sleep(0.05)  # the reader has buffered the engine's last output
@@ -299,7 +307,7 @@ async def test_receive_nowait_takes_what_arrived_and_merges_to_the_same_text() -
             with pytest.raises(anyio.EndOfStream):
                 while True:
                     outputs.append(stream.receive_nowait())
-        assert len(outputs) > 2
+        assert len(outputs) > 2 if per_step else len(outputs) <= 2
         merged = merge_outputs(outputs)
         assert merged.text == alone.text and merged.token_ids == alone.token_ids
         assert merged.finish_reason == FinishReason.LENGTH
@@ -315,3 +323,38 @@ async def test_receive_nowait_would_block_while_nothing_is_buffered() -> None:
             with pytest.raises(anyio.WouldBlock):
                 stream.receive_nowait()
 
+
+
+@pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
+async def test_a_busy_consumer_gets_the_same_text_stop_and_logprobs_merged_or_per_step(
+        per_step: bool) -> None:
+    """The consumer falls behind by tens of steps, then reads on. Coalesced, the steps that
+    waited come as a few outputs, and the stop string inside one of them cuts it at the
+    right token, with one logprobs row per kept token and one ABORT; per step, one output
+    per token. Text, tokens and logprobs are the same either way."""
+    full, start, stop = mid_stream_stop(at=20)
+    ids = predicted(prompt_ids(), 60)
+    kept = ids[:tokens_to_complete(ids, start + len(stop))]
+    async with text_client(step_time=0.002) as setup:
+        request = TextRequest(prompt=PROMPT, sampling_params=greedy(1000, logprobs=1),
+                              stop=[stop])
+        async with setup.text.generate(request, per_step=per_step) as stream:
+            outs = [await stream.__anext__()]
+            await wait_until(lambda: setup.engine.steps >= len(kept) + 10)  # busy meanwhile
+            outs += [out async for out in stream]
+            internal = stream.request_id
+            await wait_until(lambda: setup.engine.aborted_ids == [internal])
+        assert "".join(out.text for out in outs) == full[:start]
+        assert [t for out in outs for t in out.token_ids] == kept
+        assert outs[-1].finish_reason == FinishReason.stop(stop)
+        assert all(out.finish_reason is None for out in outs[:-1])
+        for out in outs:  # one row per token, the sampled one first
+            assert out.logprobs is not None
+            assert [row[0].token_id for row in out.logprobs] == out.token_ids
+        if per_step:
+            assert len(outs) == len(kept)  # the mock makes one token a step
+        else:
+            assert len(outs) < len(kept) // 2
+        await anyio.sleep(0.05)
+        assert setup.engine.aborted_ids == [internal]
+        assert success_total(setup.client) == {"stop": 1.0}
