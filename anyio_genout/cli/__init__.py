@@ -1,1 +1,2 @@
-"""The ``anyio-genout`` command line: ``generate``, ``run``, ``mock-engine``, ``bench``."""
+"""The ``anyio-genout`` command line: ``generate``, ``run``, ``serve``, ``mock-engine``,
+``bench``; every command line of the package lives here."""
