@@ -339,6 +339,11 @@ def _ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
+#: The port picker's own generator: a caller's seeded ``random`` (hypothesis seeds it for every
+#: example) must not make every call pick the ports the previous call just closed.
+_ports = random.SystemRandom()
+
+
 def free_tcp_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that is free now, for an address that must be known in advance
     (a handshake address that engines dial).
@@ -348,7 +353,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     on the machine may take it (ZeroMQ's own connections included) and the later bind fails.
     """
     low, high = _ephemeral_range()
-    candidates = [p for p in (random.randrange(10000, 32768) for _ in range(64))
+    candidates = [p for p in (_ports.randrange(10000, 32768) for _ in range(64))
                   if not low <= p <= high]
     family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
     for port in candidates:

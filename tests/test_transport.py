@@ -150,3 +150,17 @@ async def test_fd_waiter_ignores_a_signal_its_ready_check_rejects() -> None:
         waiter.close()
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_free_ports_do_not_follow_the_callers_seeded_random() -> None:
+    """Hypothesis (and any caller) seeds the global ``random`` for each run: a picker that
+    used it would hand every run the port the previous run had just closed."""
+    import random
+
+    from anyio_genout.transport import free_tcp_port
+
+    picked = set()
+    for _ in range(5):
+        random.seed(1234)
+        picked.add(free_tcp_port())
+    assert len(picked) > 1, picked
