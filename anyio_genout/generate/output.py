@@ -115,7 +115,8 @@ class GeneratePromptInfo:
 
 @attrs.define(eq=False, slots=True)
 class GenerateOutput:
-    """One step of a generation: the tokens new since the previous output (a delta)."""
+    """One step of a generation, or several merged (coalescing, docs/lifecycle.md): the
+    tokens new since the previous output (a delta)."""
 
     request_id: str
     token_ids: list[int]

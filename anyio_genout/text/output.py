@@ -26,7 +26,8 @@ class TokenLogprob:
 
 @attrs.define(eq=False, slots=True)
 class TextOutput:
-    """One step of a text generation: what is new since the previous output (a delta).
+    """One step of a text generation, or several merged (coalescing, docs/lifecycle.md):
+    what is new since the previous output (a delta).
 
     ``text`` is the new text (stop-string hold-back applied: characters that might begin a
     stop string come later, or never); ``token_ids`` the new tokens (cut after the token that
