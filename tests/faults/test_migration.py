@@ -66,7 +66,8 @@ class Outcome:
 
 def _requests(count: int) -> list[GenerateRequest]:
     """Greedy streams, mostly short; every 50th streams across the death; every 7th asks
-    for logprobs; every 25th has a token-id stop sequence it will meet late (token 30)."""
+    for logprobs; every 25th has a token-id stop sequence it will meet late (token 70: late
+    enough that the victim's are still running when it dies, on a loaded machine too)."""
     requests = []
     for i in range(count):
         prompt = (1 + i, 2 + i % 7, 3)
@@ -75,9 +76,9 @@ def _requests(count: int) -> list[GenerateRequest]:
         if i % 7 == 0:
             params["logprobs"] = 2
         if i % 25 == 0:
-            late = greedy_tokens(prompt, 40)[30:32]
+            late = greedy_tokens(prompt, 80)[70:72]
             params["stop_token_sequences"] = ((99999,), tuple(late))
-            max_tokens = 60
+            max_tokens = 100
         requests.append(generate_request(f"w-{i}", prompt=prompt, max_tokens=max_tokens,
                                          **params))
     return requests
