@@ -108,7 +108,8 @@ class MockEngineConfig:
     * ``greedy_continuations`` > 0: a greedy request whose prompt ends with up to that many
       tokens a greedy request on the rest of it would generate first continues that
       generation, as a real model does (what a front end that moves a request to another
-      engine relies on; see :func:`~.tokens.greedy_continuation`). Off (0) by default: the
+      engine relies on; see :func:`~.tokens.greedy_continuation`); not for a request with
+      ``bad_words_token_ids`` (the words see only its own outputs). Off (0) by default: the
       search costs a hash per candidate length for every greedy request.
     * ``corpus_token_ids``: corpus mode (see :mod:`.tokens`): generated tokens continue this
       token sequence (a text encoded with the tokenizer of the front end) from a place the
