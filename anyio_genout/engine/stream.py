@@ -100,7 +100,9 @@ class EngineCoreOutputStream:
         self._since_checkpoint = 0
         # The current turn's end, the cached effective deadline and until when it is
         # trusted, all on the perf_counter clock.
-        self._turn_end = _INF  # the first turn starts with the first wait (or 64 outputs)
+        # The first turn starts now: a consumer that finds its outputs buffered at its first
+        # read (the reader got there first) still yields after 1 ms, not after 64 outputs.
+        self._turn_end = _clock() + TIME_SLICE
         self._deadline = _INF
         self._deadline_fresh = 0.0
         self._yielded = 0.0  # when the consumer last yielded
