@@ -29,6 +29,7 @@ import anyio
 import httpx
 import pytest
 
+from anyio_genout.cli.serve_lifecycle import DRAIN_SLACK
 from anyio_genout.protocol import AddRequest
 from anyio_genout.text import bundled_model_dir
 from tests.cli.support import CLI, engine_for, free_port
@@ -379,7 +380,10 @@ async def test_sigterm_drains_open_streams_then_aborts_the_longer_ones(
     for result in long:  # aborted when the timeout was up, and ended properly
         assert result["finish"] == ["abort"] and result["done"], result
         assert timeout - 0.2 < result["ended"] - signalled < timeout + 2.0, result
-    assert exited < timeout + 3.0, f"exited {exited:.1f} s after SIGTERM"
+    # Within Hypercorn's graceful timeout (the drain and its slack) and the process's own
+    # teardown: usually 0.6-1.4 s after the drain; once in CI a connection kept Hypercorn
+    # to its graceful timeout (6.0 s).
+    assert exited < timeout + DRAIN_SLACK + 2.0, f"exited {exited:.1f} s after SIGTERM"
     aborted = Counter(engine.aborted_ids)
     assert len(aborted) == 2 and set(aborted.values()) == {1}, aborted  # one ABORT each
     assert {max_tokens[rid] for rid in aborted} == {500}  # the long ones
