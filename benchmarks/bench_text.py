@@ -92,7 +92,7 @@ def rungs(with_vllm: bool) -> dict[str, Rung]:
         def rung(prompts: Sequence[list[int]], sequences: Sequence[list[int]]) -> float:
             def make(prompt: list[int]) -> Callable[[int], object]:
                 update = TextDecoder(backend, prompt, stop=stop).update
-                return lambda t: update([t], finished=False, stop_terminated=False)
+                return lambda t: update([t])
             return _timed(prompts, sequences, make)
         return rung
 
@@ -102,7 +102,7 @@ def rungs(with_vllm: bool) -> dict[str, Rung]:
 
             def one(t: int) -> object:
                 tokens = [t]
-                step = update(tokens, finished=False, stop_terminated=False)
+                step = update(tokens)
                 return TextOutput("r", step.text, tokens, None, None, None, None, 0)
             return one
         return _timed(prompts, sequences, make)

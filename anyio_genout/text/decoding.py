@@ -1,16 +1,21 @@
 """One request's whole text state: detokenizer + stop strings + ``min_tokens`` (sans-IO).
 
-:class:`TextDecoder` takes each engine output's new token ids and returns a :class:`TextStep`:
-the text to emit now, how many of the ids to keep, the stop string that matched. The rules are
-vLLM 0.32's (``vllm/v1/engine/detokenizer.py``), with the detokenizer fixes of
-:mod:`.detokenizer`:
+:class:`TextDecoder` takes each engine output's new token ids (and, on the terminal output,
+its :class:`~anyio_genout.FinishReason`) and returns a :class:`TextStep`: the text to emit
+now, how many of the ids to keep, the stop string that matched, and the request's finish
+reason once it finished (the engine's, or ``stop`` with the stop string on a match), the
+one place where :class:`~.stream.TextStream` and a caller driving the token layer itself
+learn how the text ends. The rules are vLLM 0.32's (``vllm/v1/engine/detokenizer.py``), with
+the detokenizer fixes of :mod:`.detokenizer`:
 
-* ``stop_terminated`` (the engine stopped on EOS or a stop token id): the last token is not
-  detokenized unless ``include_stop_str_in_output`` (it is still kept).
+* ``stop_terminated`` (the engine stopped on EOS or a stop token id: :func:`stop_terminated`
+  of the finish reason): the last token is not detokenized unless
+  ``include_stop_str_in_output`` (it is still kept).
 * Stop strings are checked only once more than ``min_tokens`` tokens were generated, and only
   in the text after the first ``min_tokens`` tokens (a match may start before it).
 * On a match the text is cut (:mod:`.stop_strings`), the ids after the one that completed the
-  match are dropped, and the decoder is finished.
+  match are dropped, and the decoder is finished (finish reason ``stop``, the stop string as
+  its stop reason).
 * Text held back for stop strings, and bytes still pending in the detokenizer, are sent when
   the output is finished; the flushed bytes count as text of the update's last token.
 * ``detokenize=False``: no text and no stop strings (stop strings are refused, as vLLM does).
@@ -24,31 +29,56 @@ from collections.abc import Sequence
 from typing import Final
 
 import attrs
-from tokenizers import Tokenizer
+import tokenizers
 
 from ..errors import InvalidRequestError
+from ..generate import FinishReason, FinishReasonKind
+from ..generate.output import StopReason
 from .detokenizer import IncrementalDetokenizer
 from .stop_strings import StopStrings
+from .tokenizer import Tokenizer
 
-__all__ = ["TextDecoder", "TextStep"]
+__all__ = ["TextDecoder", "TextStep", "stop_terminated"]
 
 
 @attrs.frozen
 class TextStep:
     """What one update gives: ``text`` to emit now (after hold-back; the truncated rest on a
-    match), ``keep`` (how many of the update's ids to keep), the ``stop_string`` that matched.
+    match), ``keep`` (how many of the update's ids to keep), the ``stop_string`` that matched
+    in this update, and ``finish_reason``: None while the request runs, else how it ended
+    (the engine's reason, or ``stop`` with the stop string on a match).
     """
 
     text: str
     keep: int
-    stop_string: str | None
+    stop_string: str | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The request ended with this step (``finish_reason`` is set)."""
+        return self.finish_reason is not None
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """``finish_reason.stop_reason``: the matched stop string, the engine's stop token id
+        or string, a stop token sequence; None while running or for any other finish."""
+        finish = self.finish_reason
+        return None if finish is None else finish.stop_reason
+
+
+def stop_terminated(finish_reason: FinishReason | None) -> bool:
+    """The engine stopped on EOS or a stop token id (finish ``stop`` with no stop reason or an
+    int one), so the last token is not text unless ``include_stop_str_in_output``, as in vLLM.
+    Raises nothing."""
+    return (finish_reason is not None and finish_reason.kind is FinishReasonKind.STOP
+            and (finish_reason.stop_reason is None or type(finish_reason.stop_reason) is int))
 
 
 #: Steps of one token without a match, shared (they are immutable): building a frozen attrs
 #: instance costs about a third of a DecodeStream step.
 _ONE_TOKEN: dict[str, TextStep] = {}
 _ONE_TOKEN_MAX: Final = 16384
-_shared = _ONE_TOKEN.get
 #: The held-back buffer is trimmed once this many of its chars were sent.
 _TRIM: Final = 64
 
@@ -57,23 +87,26 @@ _new = object.__new__
 _set_text = vars(TextStep)["text"].__set__
 _set_keep = vars(TextStep)["keep"].__set__
 _set_stop_string = vars(TextStep)["stop_string"].__set__
+_set_finish_reason = vars(TextStep)["finish_reason"].__set__
 
 
 def _one_token(text: str) -> TextStep:
-    """``TextStep(text, 1, None)``, shared, or built by setting its slots directly (the
-    frozen ``__init__`` goes through ``object.__setattr__`` per field: twice as slow)."""
+    """``TextStep(text, 1)``, shared, or built by setting its slots directly (the frozen
+    ``__init__`` goes through ``object.__setattr__`` per field: twice as slow)."""
     step = _ONE_TOKEN.get(text)
     if step is None:
         step = _new(TextStep)
         _set_text(step, text)
         _set_keep(step, 1)
         _set_stop_string(step, None)
+        _set_finish_reason(step, None)
         if len(_ONE_TOKEN) < _ONE_TOKEN_MAX:
             _ONE_TOKEN[text] = step
     return step
 
 
-_EMPTY_ONE: Final = TextStep("", 1, None)
+#: The step of a token that adds no text now (bytes pending, or text held back).
+_NO_TEXT: Final = _one_token("")
 
 
 def _no_text(token_id: int) -> str:
@@ -83,8 +116,12 @@ def _no_text(token_id: int) -> str:
 class TextDecoder:
     """Detokenizer, stop strings and ``min_tokens`` of one request.
 
-    Raises InvalidRequestError("stop", ...) for an empty stop string, or for stop strings with
-    ``detokenize=False``; InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
+    ``tokenizer``: the project's :class:`~.tokenizer.Tokenizer` (or a raw
+    ``tokenizers.Tokenizer``, such as its :attr:`~.tokenizer.Tokenizer.backend`).
+
+    Raises TypeError naming ``tokenizer`` for anything else; InvalidRequestError("stop", ...)
+    for an empty stop string, or for stop strings with ``detokenize=False``;
+    InvalidRequestError("min_tokens", ...) for a negative ``min_tokens``.
     """
 
     __slots__ = ("_append", "_armed", "_detok", "_done", "_end_a", "_end_b", "_end_re",
@@ -92,17 +129,25 @@ class TextDecoder:
                  "_off", "_overlap", "_pieces", "_recent", "_starts", "_step", "_stops",
                  "_unsent")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], *,
+    def __init__(self, tokenizer: Tokenizer | tokenizers.Tokenizer,
+                 prompt_token_ids: Sequence[int], *,
                  stop: Sequence[str] = (), include_stop_str_in_output: bool = False,
                  min_tokens: int = 0, skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True, detokenize: bool = True) -> None:
+        if isinstance(tokenizer, Tokenizer):
+            backend = tokenizer.backend
+        elif isinstance(tokenizer, tokenizers.Tokenizer):
+            backend = tokenizer
+        else:
+            raise TypeError(f"tokenizer must be an anyio_genout.text.Tokenizer (or a "
+                            f"tokenizers.Tokenizer), got {type(tokenizer).__name__}")
         stops = StopStrings(stop, include_stop_str_in_output)
         if stops.stops and not detokenize:
             raise InvalidRequestError("stop", "stop strings need detokenize=True")
         if min_tokens < 0:
             raise InvalidRequestError("min_tokens", f"must be >= 0, got {min_tokens}")
         self._detok = IncrementalDetokenizer(
-            tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens,
+            backend, prompt_token_ids, skip_special_tokens=skip_special_tokens,
             spaces_between_special_tokens=spaces_between_special_tokens,
         ) if detokenize else None
         self._step = self._detok.step if self._detok is not None else _no_text
@@ -154,24 +199,24 @@ class TextDecoder:
         """True after a finished update or a stop-string match."""
         return self._done
 
-    def update(self, token_ids: Sequence[int], *, finished: bool,
-               stop_terminated: bool) -> TextStep:
-        """Take one engine output's new ids; ``stop_terminated`` is read only when finished.
+    def update(self, token_ids: Sequence[int],
+               finish_reason: FinishReason | None = None) -> TextStep:
+        """Take one engine output's new ids; ``finish_reason``: the output's (None while the
+        request runs; on the terminal output, held-back text and pending bytes are sent and
+        :func:`stop_terminated` says whether its last token is text).
+
+        The step's ``finish_reason`` is ``finish_reason``, or ``stop`` with the stop string
+        when one matched (then the decoder is finished even if the engine is not).
 
         Raises RuntimeError once the decoder is finished (after a match or a finished update).
         """
-        if finished or len(token_ids) != 1:
-            return self._update(token_ids, finished, stop_terminated)
-        text = self.push(token_ids[0])
-        if text.__class__ is not str:
-            return text  # type: ignore[return-value]
-        step = _shared(text)
-        return step if step is not None else _one_token(text)
+        if finish_reason is not None or len(token_ids) != 1:
+            return self._update(token_ids, finish_reason)
+        return self.push(token_ids[0])
 
-    def push(self, token_id: int) -> str | TextStep:
-        """``update([token_id], finished=False, stop_terminated=False)``, but the text alone
-        when nothing matched (a stream's once-per-token path: no :class:`TextStep`); the
-        step on a match.
+    def push(self, token_id: int) -> TextStep:
+        """``update([token_id])``: one token of a running request (a stream's once-per-token
+        path; a step without a match is shared between calls, which is safe: it is frozen).
 
         Raises RuntimeError once the decoder is finished (after a match or a finished update).
         """
@@ -179,17 +224,19 @@ class TextDecoder:
             piece = self._step(token_id)
             if piece:
                 self._append(piece)
-            return piece
+            try:
+                return _ONE_TOKEN[piece]
+            except KeyError:
+                return _one_token(piece)
         if not self._fast_stops:
-            step = self._update([token_id], False, False)
-            return step.text if step.stop_string is None else step
+            return self._update([token_id], None)
         piece = self._step(token_id)
         armed = self._armed
         if not armed:
             self._num_tokens += 1
             armed = self._armed = self._num_tokens > self._min_tokens
         if not piece:
-            return piece
+            return _NO_TEXT
         self._append(piece)
         buf = self._unsent + piece
         off = self._off
@@ -207,9 +254,13 @@ class TextDecoder:
             else:
                 self._unsent = buf[cut:]
                 self._off = 0
-            return buf[off:cut]
+            text = buf[off:cut]
+            try:
+                return _ONE_TOKEN[text]
+            except KeyError:
+                return _one_token(text)
         self._unsent = buf
-        return ""
+        return _NO_TEXT
 
     def _match_in(self, buf: str, off: int, piece: str) -> TextStep | None:
         """:meth:`push`'s check of a piece that may end a match (``buf[off:]`` is the held
@@ -225,11 +276,11 @@ class TextDecoder:
             return self._matched(buf[off:], held, [0, len(piece)], 1)
         return None
 
-    def _update(self, token_ids: Sequence[int], finished: bool,
-                stop_terminated: bool) -> TextStep:
+    def _update(self, token_ids: Sequence[int], finish: FinishReason | None) -> TextStep:
         """The general path: several (or no) ids, a finish, stops that are included."""
         if self._done:
             raise RuntimeError("the text decoder is finished: it takes no more outputs")
+        finished = finish is not None
         count = len(token_ids)
         num_prev = self._num_tokens  # counted until armed (then min_tokens is behind us)
         if not self._armed:
@@ -240,9 +291,10 @@ class TextDecoder:
             self._fast = self._fast_stops = False
         detok = self._detok
         if detok is None:
-            return TextStep("", count, None)
+            return TextStep("", count, None, finish)
         stops = self._stops
-        skip_last = finished and stop_terminated and count > 0 and not self._include
+        skip_last = (finished and count > 0 and not self._include
+                     and stop_terminated(finish))
         offsets = [0]  # text length after each new token, from this update's start
         pieces: list[str] = []
         length = 0
@@ -267,7 +319,8 @@ class TextDecoder:
         if new:
             self._pieces.append(new)
         if stops is None:
-            return _one_token(new) if count == 1 else TextStep(new, count, None)
+            return _one_token(new) if count == 1 and not finished else \
+                TextStep(new, count, None, finish)
         include = stops.include_in_output
         recent = self._recent if include else self._unsent[self._off:]
         window = recent + new
@@ -277,7 +330,8 @@ class TextDecoder:
                 return self._matched(window, len(recent), offsets, count, first)
         if include:
             self._recent = window[-self._overlap:] if self._overlap else ""
-            return TextStep(new, count, None)
+            return _one_token(new) if count == 1 and not finished else \
+                TextStep(new, count, None, finish)
         hold = self._hold
         self._off = 0
         if finished or len(window) <= hold or not hold:
@@ -286,7 +340,8 @@ class TextDecoder:
         else:
             self._unsent = window[-hold:]
             out = window[:-hold]
-        return _one_token(out) if count == 1 else TextStep(out, count, None)
+        return _one_token(out) if count == 1 and not finished else \
+            TextStep(out, count, None, finish)
 
     def _matched(self, window: str, shift: int, offsets: list[int], count: int,
                  first: int = 0) -> TextStep:
@@ -307,4 +362,5 @@ class TextDecoder:
             self._pieces[:] = [text[:len(text) - dropped]]
         self._unsent = self._recent = ""
         self._off = 0
-        return TextStep(window[shift if include else 0:cut], keep, match.stop)
+        return TextStep(window[shift if include else 0:cut], keep, match.stop,
+                        FinishReason.stop(match.stop))

@@ -28,7 +28,6 @@ import attrs
 from ..generate import (
     AbortCause,
     Client,
-    FinishReasonKind,
     GenerateOutput,
     GenerateRequest,
     GenerateStream,
@@ -130,7 +129,7 @@ class TextStream:
         self._inner: GenerateStream | None = None
         self._decoder: TextDecoder | None = None
         # The decoder's one-token step (None without decoding); the engine's id of the request.
-        self._push: Callable[[int], str | TextStep] | None = None
+        self._push: Callable[[int], TextStep] | None = None
         self._rid = ""
         self._logprobs: LogprobsDecoder | None = None
         self._prompt: str | None = None
@@ -175,7 +174,7 @@ class TextStream:
         try:
             if request.detokenize:
                 self._decoder = TextDecoder(
-                    tokenizer.backend, generate_request.prompt_token_ids, stop=request.stop,
+                    tokenizer, generate_request.prompt_token_ids, stop=request.stop,
                     include_stop_str_in_output=request.include_stop_str_in_output,
                     min_tokens=generate_request.sampling_params.min_tokens,
                     skip_special_tokens=request.skip_special_tokens,
@@ -306,10 +305,10 @@ class TextStream:
         if push is None:
             return TextOutput(self._rid, "", tokens)
         if len(tokens) == 1:
-            text = push(tokens[0])
-            if text.__class__ is str:
-                return TextOutput(self._rid, text, tokens)
-            return self._plain(inner, tokens, text)  # type: ignore[arg-type]
+            step = push(tokens[0])
+            if step.stop_string is None:
+                return TextOutput(self._rid, step.text, tokens)
+            return self._plain(inner, tokens, step)
         return self._plain(inner, tokens, None)
 
     def _plain(self, inner: GenerateStream, tokens: list[int], step: TextStep | None
@@ -318,12 +317,12 @@ class TextStream:
         decoder found in one)."""
         if step is None:
             assert self._decoder is not None
-            step = self._decoder.update(tokens, finished=False, stop_terminated=False)
+            step = self._decoder.update(tokens)
         if step.stop_string is None:
             return TextOutput(self._rid, step.text, tokens)
-        tokens, _, _, finish = cut_at_stop(inner, step.keep, step.stop_string, tokens)
+        tokens = cut_at_stop(inner, step.keep, step.stop_string, tokens)[0]
         self._done = True
-        return TextOutput(self._rid, step.text, tokens, None, finish)
+        return TextOutput(self._rid, step.text, tokens, None, step.finish_reason)
 
     def _text_output(self, inner: GenerateStream, out: GenerateOutput) -> TextOutput:
         """The output for ``out`` (the general path: a finish, logprobs, the first one)."""
@@ -332,15 +331,13 @@ class TextStream:
         decoder = self._decoder
         text = ""
         if decoder is not None:
-            stop_terminated = (finish is not None and finish.kind is FinishReasonKind.STOP
-                               and (finish.stop_reason is None
-                                    or type(finish.stop_reason) is int))
-            step = decoder.update(tokens, finished=finish is not None,
-                                  stop_terminated=stop_terminated)
+            # The decoder says how the text ends: the engine's finish, or "stop" on a match.
+            step = decoder.update(tokens, finish)
             text = step.text
+            finish = step.finish_reason
             if step.stop_string is not None:
                 # A live request is freed (one ABORT); either way the metrics count "stop".
-                tokens, _, _, finish = cut_at_stop(inner, step.keep, step.stop_string, tokens)
+                tokens = cut_at_stop(inner, step.keep, step.stop_string, tokens)[0]
         if finish is not None:
             self._done = True
         logprobs = None

@@ -40,6 +40,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from anyio_genout.generate import FinishReason
 from anyio_genout.text.decoding import TextDecoder
 from anyio_genout.text.detokenizer import REPLACEMENT, separator_token_id
 from tests.protocol._hyp import SCALE
@@ -192,7 +193,9 @@ def run_ours(case: Case) -> Result:
     kept: list[int] = []
     for i, step in enumerate(case.steps):
         final = i == len(case.steps) - 1
-        out = decoder.update(step, finished=final, stop_terminated=final and case.stop_terminated)
+        finish = None if not final else FinishReason.stop_eos() if case.stop_terminated \
+            else FinishReason.LENGTH
+        out = decoder.update(step, finish)
         results.append((out.text, out.keep, out.stop_string))
         kept.extend(step[:out.keep])
         if out.stop_string:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from anyio_genout.errors import InvalidRequestError
-from anyio_genout.text.decoding import TextDecoder, TextStep
+from anyio_genout.generate import FinishReason
+from anyio_genout.text import TextDecoder, TextStep, bundled_tokenizer
 from tests.text.byte_level_kinds import BYTE_LEVEL, byte_level, stream_path
 from tests.text.tokenizer_kinds import KINDS, load, reference_text
 
@@ -26,11 +27,13 @@ def tokens(kind: str, text: str) -> list[int]:
 
 def feed(decoder: TextDecoder, steps: Sequence[Sequence[int]], *,
          stop_terminated: bool = False) -> list[TextStep]:
-    """Feed the steps; the last one finishes the request (unless a stop string ends it)."""
+    """Feed the steps; the last one finishes the request (unless a stop string ends it):
+    stopped on EOS with ``stop_terminated``, else on its length."""
     out = []
+    finish = FinishReason.stop_eos() if stop_terminated else FinishReason.LENGTH
     for i, step in enumerate(steps):
         final = i == len(steps) - 1
-        out.append(decoder.update(step, finished=final, stop_terminated=final and stop_terminated))
+        out.append(decoder.update(step, finish if final else None))
         if out[-1].stop_string:
             break
     return out
@@ -52,10 +55,12 @@ def test_stop_strings_are_held_back_while_streaming_and_cut_on_a_match() -> None
     decoder = TextDecoder(tok, [1], stop=("END", "ND!"))
     steps = feed(decoder, one_by_one(char_tokens(tok, "the END! more")))
     assert [s.text for s in steps] == ["", "", "t", "h", "e", " ", ""]
-    assert steps[-1] == TextStep("", 1, "END")  # "END" completes before "ND!"
+    assert steps[-1] == TextStep("", 1, "END", FinishReason.stop("END"))  # before "ND!"
+    assert not any(s.finished for s in steps[:-1]) and steps[-1].finished
+    assert steps[-1].stop_reason == "END"
     assert decoder.text == "the "
     with pytest.raises(RuntimeError):
-        decoder.update([5], finished=False, stop_terminated=False)
+        decoder.update([5])
 
 
 def test_with_include_stop_str_in_output_nothing_is_held_and_the_match_is_kept() -> None:
@@ -70,8 +75,8 @@ def test_in_one_step_of_several_tokens_the_earliest_match_wins_and_later_ids_dro
     tok = load("byte_level")
     ids = char_tokens(tok, "a fox jumps")
     decoder = TextDecoder(tok, [1], stop=("jumps", "fox"))
-    step = decoder.update(ids, finished=False, stop_terminated=False)
-    assert step == TextStep("a ", 5, "fox")  # kept: "a fox"; " jumps" dropped
+    step = decoder.update(ids)
+    assert step == TextStep("a ", 5, "fox", FinishReason.stop("fox"))  # " jumps" dropped
     assert decoder.text == "a "
 
 
@@ -79,7 +84,7 @@ def test_stop_strings_wait_for_min_tokens_and_a_match_may_straddle_the_border() 
     tok = load("byte_level")
     ids = char_tokens(tok, "ab ab ab")
     early = TextDecoder(tok, [1], stop=("ab",), min_tokens=3)
-    assert feed(early, one_by_one(ids))[-1] == TextStep("", 1, "ab")
+    assert feed(early, one_by_one(ids))[-1] == TextStep("", 1, "ab", FinishReason.stop("ab"))
     assert early.text == "ab "  # the "ab" inside the first 3 tokens is ignored
     straddle = TextDecoder(tok, [1], stop=("b a",), min_tokens=2)
     steps = feed(straddle, one_by_one(ids))
@@ -90,9 +95,11 @@ def test_a_stop_terminated_last_token_is_not_detokenized_unless_included() -> No
     tok = load("byte_level")
     ids = char_tokens(tok, "done!")
     plain = TextDecoder(tok, [1], skip_special_tokens=False)
-    assert feed(plain, [ids], stop_terminated=True) == [TextStep("done", 5, None)]
+    assert feed(plain, [ids], stop_terminated=True) == [
+        TextStep("done", 5, None, FinishReason.STOP)]
     shown = TextDecoder(tok, [1], include_stop_str_in_output=True)
-    assert feed(shown, [ids], stop_terminated=True) == [TextStep("done!", 5, None)]
+    assert feed(shown, [ids], stop_terminated=True) == [
+        TextStep("done!", 5, None, FinishReason.STOP)]
 
 
 def test_the_finish_sends_the_held_text_and_the_pending_bytes() -> None:
@@ -107,8 +114,8 @@ def test_the_finish_sends_the_held_text_and_the_pending_bytes() -> None:
 def test_without_detokenize_there_is_no_text_and_stop_strings_are_refused() -> None:
     tok = load("byte_level")
     decoder = TextDecoder(tok, [1], detokenize=False)
-    assert decoder.update([40, 41], finished=True, stop_terminated=True) == \
-        TextStep("", 2, None)
+    assert decoder.update([40, 41], FinishReason.STOP) == \
+        TextStep("", 2, None, FinishReason.STOP)
     with pytest.raises(InvalidRequestError) as info:
         TextDecoder(tok, [1], stop=("x",), detokenize=False)
     assert info.value.field == "stop"
@@ -234,3 +241,67 @@ def test_a_long_held_back_text_streams_the_same_one_token_at_a_time_as_at_once()
             assert len(streamed) == len(decoder.text) - (max(map(len, stop)) - 1)
         else:
             assert decoder.text == LONG[:LONG.index(stop[0])]
+
+
+# -- the decoder alone: built from the project's Tokenizer, every step a TextStep -----------
+
+def test_the_decoder_takes_the_projects_tokenizer_and_its_backend_alike() -> None:
+    tokenizer = bundled_tokenizer()
+    ids = tokenizer.encode("Once upon a time, the end. More.", add_special_tokens=False)
+    texts = []
+    for accepted in (tokenizer, tokenizer.backend):
+        decoder = TextDecoder(accepted, [1], stop=("the end",))
+        steps = []
+        for token_id in ids:
+            steps.append(decoder.push(token_id))
+            if steps[-1].finished:
+                break
+        texts.append(("".join(s.text for s in steps), decoder.text, steps[-1].finish_reason))
+    assert texts[0] == texts[1]
+    assert texts[0][:2] == ("Once upon a time, ", "Once upon a time, ")
+    assert texts[0][2] == FinishReason.stop("the end")
+    with pytest.raises(TypeError, match=r"tokenizer must be an anyio_genout\.text\.Tokenizer"):
+        TextDecoder("gpt2", [1])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("stops", "include"), [((), False), (("zzzz",), False),
+                                               (("zzzz",), True)], ids=["plain", "held", "shown"])
+def test_push_returns_a_running_step_until_the_finish(stops: tuple[str, ...],
+                                                     include: bool) -> None:
+    tok = load("byte_level")
+    decoder = TextDecoder(tok, [1], stop=stops, include_stop_str_in_output=include)
+    ids = char_tokens(tok, "plain text")
+    steps = [decoder.push(t) for t in ids]
+    assert all(type(s) is TextStep and not s.finished and s.finish_reason is None
+               and s.stop_reason is None and s.keep == 1 for s in steps)
+    last = decoder.update([], FinishReason.LENGTH)
+    assert last.finished and last.finish_reason == FinishReason.LENGTH
+    assert last.stop_reason is None and decoder.finished
+    assert "".join(s.text for s in [*steps, last]) == decoder.text == "plain text"
+
+
+@pytest.mark.parametrize(("finish", "last_is_text"), [
+    (FinishReason.stop_eos(), False),          # EOS: not text
+    (FinishReason.stop(7), False),             # a stop token id: not text
+    (FinishReason.stop("!"), True),            # a stop string the engine matched: text
+    (FinishReason.stop((33, 34)), True),       # a stop token sequence (the client's)
+    (FinishReason.LENGTH, True),
+    (FinishReason.ABORT, True),
+])
+def test_the_finish_reason_decides_whether_the_last_token_is_text(
+        finish: FinishReason, last_is_text: bool) -> None:
+    tok = load("byte_level")
+    ids = char_tokens(tok, "done!")
+    step = TextDecoder(tok, [1]).update(ids, finish)
+    assert step.text == ("done!" if last_is_text else "done")
+    assert step.keep == 5 and step.finish_reason == finish and step.finished
+    assert step.stop_reason == finish.stop_reason
+    shown = TextDecoder(tok, [1], include_stop_str_in_output=True).update(ids, finish)
+    assert shown.text == "done!"
+
+
+def test_a_match_in_the_terminal_output_replaces_the_engines_finish() -> None:
+    tok = load("byte_level")
+    ids = char_tokens(tok, "one. two")
+    step = TextDecoder(tok, [1], stop=(".",)).update(ids, FinishReason.LENGTH)
+    assert step == TextStep("one", 4, ".", FinishReason.stop("."))
