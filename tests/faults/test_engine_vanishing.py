@@ -85,9 +85,25 @@ async def open_operations(client: EngineCoreClient, outcomes: Outcomes,
                           tg: anyio.abc.TaskGroup) -> None:
     """``STREAMS`` streams mid-generation and one utility call waiting on the engine."""
 
+    started: set[int] = set()
+
+    class Counted:
+        """The stream, noting its first output: it runs on the engine then, not waiting."""
+
+        def __init__(self, i: int, inner: Any) -> None:
+            self.i, self.inner = i, inner
+
+        def __aiter__(self) -> Counted:
+            return self
+
+        async def __anext__(self) -> Any:
+            item = await self.inner.__anext__()
+            started.add(self.i)
+            return item
+
     async def stream(i: int) -> None:
         async with client.call(engine_request(f"s{i}", max_tokens=100_000)) as s:
-            outcomes.record((await drain(s))[1])
+            outcomes.record((await drain(Counted(i, s)))[1])
 
     async def utility() -> None:
         # Answered only once the running requests finish: it waits, as a slow call would.
@@ -100,7 +116,9 @@ async def open_operations(client: EngineCoreClient, outcomes: Outcomes,
 
     for i in range(STREAMS):
         tg.start_soon(stream, i)
-    await wait_until(lambda: client.in_flight == STREAMS)
+    # Every stream running on the engine (an output came): a pause that waits for the running
+    # requests is then answered only when they end, never at once.
+    await wait_until(lambda: len(started) == STREAMS)
     tg.start_soon(utility)
     await wait_until(lambda: client.pending_utility_calls >= 1)
 
