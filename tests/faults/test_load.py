@@ -176,14 +176,16 @@ async def test_a_stalled_consumer_does_not_slow_the_others() -> None:
 
 
 async def test_a_slow_consumer_does_not_delay_a_fast_one() -> None:
-    """A consumer that sleeps 20 ms per output next to one that keeps up: the fast one
-    finishes in the engine's time, not the slow one's."""
+    """A consumer that sleeps 20 ms per engine step (``per_step``: coalesced, it would catch
+    up with merged outputs) next to one that keeps up: the fast one finishes in the engine's
+    time, not the slow one's."""
     async with generate_client(mock={"step_time": 0.002}) as (client, _):
         done: dict[str, float] = {}
 
         async def consume(name: str, pause: float) -> None:
             started = time.monotonic()
-            async with client.generate(generate_request(name, max_tokens=50)) as stream:
+            async with client.generate(generate_request(name, max_tokens=50),
+                                       per_step=True) as stream:
                 async for _ in stream:
                     if pause:
                         await anyio.sleep(pause)
