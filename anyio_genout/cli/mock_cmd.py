@@ -216,6 +216,9 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         keep_history=args.keep_history,
         handshake_timeout=(math.inf if args.handshake_timeout is None
                            else args.handshake_timeout),
+        # A process of its own may start before its front end: it waits for one as long
+        # as for INIT.
+        front_end_timeout=math.inf,
         until_client_leaves=True,
         faults=MockFaults(
             ready_delay=args.ready_delay,

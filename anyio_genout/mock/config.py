@@ -134,7 +134,13 @@ class MockEngineConfig:
     id lists); switch off for long benchmark runs.
 
     Serving: ``handshake_timeout`` bounds the wait for INIT after HELLO (a real engine waits
-    5 minutes; ``math.inf`` waits for a front end as long as it takes). With
+    5 minutes; ``math.inf`` waits for a front end as long as it takes).
+    ``front_end_timeout`` (handshake mode) bounds the wait for a front end to be listening at
+    ``handshake_address`` at all (a ZeroMQ connection to its handshake socket): a front end
+    that is there answers HELLO with INIT at once, so an engine with nobody to dial gives up
+    after it (5 s by default; ``math.inf``, or a value not below ``handshake_timeout``, turns
+    it off: an engine that starts before its front end, as the ``mock-engine`` command's,
+    waits as long as ``handshake_timeout``). With
     ``until_client_leaves``, :meth:`MockEngine.serve` returns (normally, with
     ``client_left`` set) once the front end's input socket goes away: its process closed it
     or died. ``python -m anyio_genout mock-engine`` uses it to serve clients one after another, a
@@ -180,6 +186,7 @@ class MockEngineConfig:
                                                                 converter=_corpus, repr=False)
     keep_history: bool = True
     handshake_timeout: float = attrs.field(default=300.0, validator=_non_negative)
+    front_end_timeout: float = attrs.field(default=5.0, validator=_non_negative)
     until_client_leaves: bool = False
     linger: float = attrs.field(default=4.0, validator=_non_negative)
     faults: MockFaults = attrs.field(factory=MockFaults)

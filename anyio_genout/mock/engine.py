@@ -183,12 +183,19 @@ class MockEngine:
                     ) -> None:
         """Connect (handshake or bootstrap), then serve until cancelled or dead.
 
-        ``task_status.started()`` fires once READY (bootstrapped: the registration) was sent.
+        ``task_status.started()`` fires once READY was sent: in handshake mode that takes a
+        front end answering HELLO with INIT, that is a client connecting (``Client.connect``)
+        at the same time, so ``await tg.start(engine.serve)`` before the client connects
+        cannot return; it fails after ``front_end_timeout`` when nobody listens at the
+        handshake address. Bootstrapped, it fires once the registration was queued on the
+        input socket (at once: ZeroMQ delivers it when the front end binds).
         Returns after sending ``ENGINE_CORE_DEAD``, or (``until_client_leaves``) once the
         front end went away, with ``client_left`` set. Sockets are closed on every exit path.
 
-        Raises :class:`~anyio_genout.errors.HandshakeTimeoutError` when no INIT arrives
-        within ``handshake_timeout``, :class:`~anyio_genout.errors.HandshakeError` (or
+        Raises :class:`~anyio_genout.errors.HandshakeTimeoutError` when nothing listens at
+        the handshake address within ``front_end_timeout`` (the message says how to start
+        the engine), or no INIT arrives within ``handshake_timeout``,
+        :class:`~anyio_genout.errors.HandshakeError` (or
         :class:`~anyio_genout.errors.ProtocolError`) on an undecodable INIT, and
         :class:`~anyio_genout.errors.TransportError` on an address ZeroMQ refuses, and
         :class:`RuntimeError` when called a second time (an engine serves once).
@@ -267,13 +274,12 @@ class MockEngine:
         identity = cfg.identity
         if cfg.handshake_address is not None:
             hs = self._handshake = ZmqSocket(ctx, zmq.DEALER, identity=identity)
+            watched = cfg.front_end_timeout < cfg.handshake_timeout
+            monitor = hs.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED) if watched else None
             hs.connect(cfg.handshake_address)
             await hs.send([encode_status(StatusMessage(EngineStatus.HELLO, local=False,
                                                        headless=True))])
-            with anyio.move_on_after(cfg.handshake_timeout) as scope:
-                frames = await hs.receive()
-            if scope.cancelled_caught:
-                raise HandshakeTimeoutError("INIT", [cfg.rank], cfg.handshake_timeout)
+            frames = await self._receive_init(hs, monitor)
             addresses = decode_init(frames[-1].bytes)
             input_addresses = list(addresses.inputs)
             output_addresses = list(addresses.outputs)
@@ -307,6 +313,58 @@ class MockEngine:
                 # identity, that front end's ROUTER can take the next HELLO for the routing
                 # id of the clash and never see it.
                 self._handshake.close(linger=_READY_LINGER)
+
+    async def _receive_init(self, hs: ZmqSocket, monitor: ZmqSocket | None
+                            ) -> list[zmq.Frame]:
+        """INIT from the front end, within ``handshake_timeout``; with ``monitor`` (the
+        handshake socket's connections), only if a front end is listening within
+        ``front_end_timeout``."""
+        cfg = self.config
+        absent = anyio.Event()
+        frames: list[zmq.Frame] | None = None
+        try:
+            with anyio.move_on_after(cfg.handshake_timeout):
+                if monitor is None:
+                    frames = await hs.receive()
+                else:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._watch_front_end, monitor, absent,
+                                      tg.cancel_scope)
+                        frames = await hs.receive()
+                        tg.cancel_scope.cancel()
+        finally:
+            if monitor is not None:
+                hs.raw.disable_monitor()
+                monitor.close()
+        if frames is not None:
+            return frames
+        if absent.is_set():
+            error = HandshakeTimeoutError("a front end", [cfg.rank], cfg.front_end_timeout)
+            error.args = (
+                f"no front end is listening at {cfg.handshake_address} after "
+                f"{cfg.front_end_timeout:g} s (MockEngineConfig.front_end_timeout), so no "
+                f"INIT can come; in handshake mode MockEngine.serve reports started only "
+                f"after READY, which needs the client connecting (Client.connect) at the same "
+                f"time: start serve with start_soon, or connect the client first (in "
+                f"another task)",)
+            raise error
+        raise HandshakeTimeoutError("INIT", [cfg.rank], cfg.handshake_timeout)
+
+    async def _watch_front_end(self, monitor: ZmqSocket, absent: anyio.Event,
+                               scope: anyio.CancelScope) -> None:
+        """Return once a front end accepted the handshake socket's connection (a ZMTP
+        handshake succeeded); after ``front_end_timeout`` seconds without one, set
+        ``absent`` and cancel ``scope``."""
+        with anyio.move_on_after(self.config.front_end_timeout):
+            while True:
+                try:
+                    event = MonitorEvent.parse(await monitor.receive())
+                except (anyio.ClosedResourceError, OperationalError):
+                    return
+                if event is not None and event.event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    return
+        absent.set()
+        scope.cancel()
 
     # ------------------------------------------------------------------ main loop
 

@@ -9,8 +9,9 @@ import anyio
 import pytest
 import zmq
 
+from anyio_genout import Client, ClientConfig, EngineCoreClientConfig
 from anyio_genout.errors import HandshakeTimeoutError
-from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
+from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults, free_tcp_address
 from anyio_genout.protocol import RequestBatch, decode_ready_response
 from anyio_genout.transport import ZmqSocket, new_context
 
@@ -79,14 +80,19 @@ async def test_ready_delay() -> None:
 
 
 async def test_handshake_timeout_without_init() -> None:
+    """A front end that listens but never answers: the wait for INIT is the handshake
+    timeout's, not the shorter one for a front end that is not there."""
     context = new_context()
     router = ZmqSocket(context, zmq.ROUTER)
     try:
         address = router.bind("tcp://127.0.0.1:*")
         engine = MockEngine(MockEngineConfig(handshake_address=address,
-                                             handshake_timeout=0.2))
-        with pytest.raises(HandshakeTimeoutError):
+                                             handshake_timeout=0.6, front_end_timeout=0.1))
+        started = time.monotonic()
+        with pytest.raises(HandshakeTimeoutError, match="waiting for INIT") as info:
             await engine.serve()
+        assert time.monotonic() - started >= 0.6
+        assert info.value.stage == "INIT" and info.value.timeout == 0.6
         hello = await router.receive()
         assert hello[1].bytes == golden("h1_handshake_HELLO_engine_to_frontend", 1)
         with pytest.raises(RuntimeError, match="only once"):
@@ -94,6 +100,56 @@ async def test_handshake_timeout_without_init() -> None:
     finally:
         router.close()
         context.term()
+
+
+@pytest.mark.parametrize("address", ["tcp", "ipc"])
+async def test_waiting_for_a_front_end_that_is_not_there_fails_fast(
+        address: str, tmp_path: Path) -> None:
+    """``await tg.start(engine.serve)`` before the client connects cannot return (started
+    means READY was sent, which needs the client's INIT): with nobody listening at the
+    handshake address it fails after ``front_end_timeout`` (5 s by default), not after the
+    300 s handshake timeout, and says what to do."""
+    assert MockEngineConfig(handshake_address="tcp://127.0.0.1:1").front_end_timeout == 5.0
+    where = free_tcp_address() if address == "tcp" else f"ipc://{tmp_path}/nobody"
+    engine = MockEngine(MockEngineConfig(handshake_address=where, front_end_timeout=0.3))
+    started = time.monotonic()
+    with pytest.RaisesGroup(HandshakeTimeoutError, flatten_subgroups=True) as info:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.serve)
+            pytest.fail("started without a front end")
+    error = info.value.exceptions[0]
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    assert isinstance(error, HandshakeTimeoutError)
+    elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 3, elapsed
+    assert str(error).startswith(f"no front end is listening at {where} after 0.3 s "
+                                 "(MockEngineConfig.front_end_timeout)")
+    assert "start serve with start_soon, or connect the client first" in str(error)
+    assert error.stage == "a front end" and error.timeout == 0.3 and error.missing == [0]
+    assert not engine.ready
+
+
+async def test_started_in_handshake_mode_waits_for_a_client_connecting_meanwhile() -> None:
+    """The way ``await tg.start(engine.serve)`` works in handshake mode: the client connects
+    in another task first; started then means the engine is registered (READY sent)."""
+    address = free_tcp_address()
+    connected = anyio.Event()
+    engine = MockEngine(MockEngineConfig(handshake_address=address, linger=0))
+
+    async def client() -> None:
+        async with Client.connect(ClientConfig(engine=EngineCoreClientConfig(
+                handshake_address=address))):
+            connected.set()
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(client)
+        with anyio.fail_after(10):
+            await tg.start(engine.serve)
+            assert engine.ready
+            await connected.wait()
+        tg.cancel_scope.cancel()
 
 
 async def test_engine_first_start(tmp_path: Path) -> None:
