@@ -28,6 +28,7 @@ only (none imports the engine):
   scheduler stats, sent through the writer;
 * :mod:`.utility`: ``UtilityCalls``, utility calls on its ``EngineCoreProc`` facade, over
   the scheduler and the writer;
+* :mod:`.dial`: the handshake-mode start (HELLO, INIT; a bounded wait for a front end);
 * this module: ``MockEngine``, which builds the parts and owns start-up (handshake or
   bootstrap), the serve loop, input decoding and fault injection.
 """
@@ -43,7 +44,7 @@ import anyio.abc
 import anyio.lowlevel
 import zmq
 
-from ..errors import HandshakeTimeoutError, OperationalError, ProtocolError
+from ..errors import OperationalError, ProtocolError
 from ..protocol import (
     AbortRequest,
     AddRequest,
@@ -51,12 +52,12 @@ from ..protocol import (
     SchedulerStats,
     StatusMessage,
     UtilityRequest,
-    decode_init,
     decode_request,
     encode_status,
 )
 from ..transport import MonitorEvent, ZmqSocket, new_context
 from .config import MockEngineConfig
+from .dial import dial_front_end
 from .ready import ready_payload
 from .request import Request
 from .scheduler import Pause, Scheduler
@@ -274,13 +275,7 @@ class MockEngine:
         identity = cfg.identity
         if cfg.handshake_address is not None:
             hs = self._handshake = ZmqSocket(ctx, zmq.DEALER, identity=identity)
-            watched = cfg.front_end_timeout < cfg.handshake_timeout
-            monitor = hs.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED) if watched else None
-            hs.connect(cfg.handshake_address)
-            await hs.send([encode_status(StatusMessage(EngineStatus.HELLO, local=False,
-                                                       headless=True))])
-            frames = await self._receive_init(hs, monitor)
-            addresses = decode_init(frames[-1].bytes)
+            addresses = await dial_front_end(hs, cfg)
             input_addresses = list(addresses.inputs)
             output_addresses = list(addresses.outputs)
         else:
@@ -313,58 +308,6 @@ class MockEngine:
                 # identity, that front end's ROUTER can take the next HELLO for the routing
                 # id of the clash and never see it.
                 self._handshake.close(linger=_READY_LINGER)
-
-    async def _receive_init(self, hs: ZmqSocket, monitor: ZmqSocket | None
-                            ) -> list[zmq.Frame]:
-        """INIT from the front end, within ``handshake_timeout``; with ``monitor`` (the
-        handshake socket's connections), only if a front end is listening within
-        ``front_end_timeout``."""
-        cfg = self.config
-        absent = anyio.Event()
-        frames: list[zmq.Frame] | None = None
-        try:
-            with anyio.move_on_after(cfg.handshake_timeout):
-                if monitor is None:
-                    frames = await hs.receive()
-                else:
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._watch_front_end, monitor, absent,
-                                      tg.cancel_scope)
-                        frames = await hs.receive()
-                        tg.cancel_scope.cancel()
-        finally:
-            if monitor is not None:
-                hs.raw.disable_monitor()
-                monitor.close()
-        if frames is not None:
-            return frames
-        if absent.is_set():
-            error = HandshakeTimeoutError("a front end", [cfg.rank], cfg.front_end_timeout)
-            error.args = (
-                f"no front end is listening at {cfg.handshake_address} after "
-                f"{cfg.front_end_timeout:g} s (MockEngineConfig.front_end_timeout), so no "
-                f"INIT can come; in handshake mode MockEngine.serve reports started only "
-                f"after READY, which needs the client connecting (Client.connect) at the same "
-                f"time: start serve with start_soon, or connect the client first (in "
-                f"another task)",)
-            raise error
-        raise HandshakeTimeoutError("INIT", [cfg.rank], cfg.handshake_timeout)
-
-    async def _watch_front_end(self, monitor: ZmqSocket, absent: anyio.Event,
-                               scope: anyio.CancelScope) -> None:
-        """Return once a front end accepted the handshake socket's connection (a ZMTP
-        handshake succeeded); after ``front_end_timeout`` seconds without one, set
-        ``absent`` and cancel ``scope``."""
-        with anyio.move_on_after(self.config.front_end_timeout):
-            while True:
-                try:
-                    event = MonitorEvent.parse(await monitor.receive())
-                except (anyio.ClosedResourceError, OperationalError):
-                    return
-                if event is not None and event.event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    return
-        absent.set()
-        scope.cancel()
 
     # ------------------------------------------------------------------ main loop
 
