@@ -18,7 +18,6 @@ from .engines import ClientSession, interruptible
 from .options import (
     add_engine_options,
     add_sampling_options,
-    check_max_tokens,
     parse_token_ids,
     sampling_from_args,
 )
@@ -154,8 +153,6 @@ async def run(args: argparse.Namespace) -> int:
                                       prompt_token_ids=args.prompt_token_ids,
                                       sampling_params=params)
             progress.prompt_len = len(request.prompt_token_ids)
-            check_max_tokens(progress.prompt_len, params.max_tokens,
-                             client.engine.max_model_len)
             progress.start = time.time()
             await _stream_tokens(client.generate(request), args, progress)
         else:
@@ -165,8 +162,7 @@ async def run(args: argparse.Namespace) -> int:
                 text_client = TextClient(client, tokenizer)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            await _generate_text(text_client, _text_request(args, params), args,
-                                 progress, client.engine.max_model_len)
+            await _generate_text(text_client, _text_request(args, params), args, progress)
     end = time.time()
     count, first, start = progress.count, progress.first, progress.start
     if interrupted:
@@ -200,14 +196,14 @@ async def _stream_tokens(scope: GenerateStream, args: argparse.Namespace,
 
 
 async def _generate_text(text_client: TextClient, request: TextRequest,
-                         args: argparse.Namespace, progress: _Progress,
-                         max_model_len: int) -> None:
+                         args: argparse.Namespace, progress: _Progress) -> None:
     """Text mode: the text to stdout as it comes (one line per token with --logprobs)."""
     # Encoded as entering the stream encodes it (off the event loop, the context's bound
-    # first), to check max_tokens before anything is sent.
+    # first), for the prompt's length in the summary. max_tokens is checked by the engine
+    # client as for every request (the one rule, protocol.validation.resolve_max_tokens),
+    # before anything is sent.
     _, ids = await text_client.encode(request)
     progress.prompt_len = len(ids)
-    check_max_tokens(len(ids), request.sampling_params.max_tokens, max_model_len)
     with_logprobs = args.logprobs is not None
     written = ""
     progress.start = time.time()

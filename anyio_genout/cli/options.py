@@ -15,7 +15,7 @@ from ..errors import InvalidRequestError
 from ..protocol import SamplingParams
 
 __all__ = ["add_engine_options", "add_sampling_options", "check_address",
-           "check_max_tokens", "non_negative_float",
+           "non_negative_float",
            "parse_token_ids", "positive_float", "positive_int", "sampling_from_args",
            "sampling_from_mapping", "seconds_or_off"]
 
@@ -223,18 +223,6 @@ def sampling_from_mapping(value: object) -> SamplingParams:
         raise InvalidRequestError("sampling_params", str(exc)) from None
     params.validate()
     return params
-
-
-def check_max_tokens(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:
-    """Refuse a ``max_tokens`` the model's context cannot hold, as vLLM's front end does.
-
-    Raises :class:`InvalidRequestError` naming ``max_tokens``; None (fill in) is fine.
-    """
-    if max_tokens is not None and prompt_len + max_tokens > max_model_len:
-        raise InvalidRequestError(
-            "max_tokens", f"{max_tokens} is too large: the model's context is {max_model_len} "
-            f"tokens and the prompt has {prompt_len} ({max_tokens} > {max_model_len} - "
-            f"{prompt_len})")
 
 
 def dumps(value: Any) -> str:

@@ -21,7 +21,6 @@ from ..protocol import Logprobs
 from ..text.client import TextClient
 from ..text.output import TokenLogprob
 from ..text.request import TextRequest
-from .options import check_max_tokens
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "SHOWN_FAILURES",
            "Job", "logprob_rows", "open_output", "run_one"]
@@ -148,8 +147,6 @@ async def run_one(client: Client, request: GenerateRequest | TextRequest,
     first: float | None = None
     logprobs: list[Logprobs] = []
     try:
-        check_max_tokens(len(request.prompt_token_ids), request.sampling_params.max_tokens,
-                         client.engine.max_model_len)
         async with client.generate(request) as stream:
             tokens: list[int] = []
             finish = None
@@ -180,10 +177,9 @@ async def _run_text(client: Client, text_client: TextClient,
     logprobs: list[list[TokenLogprob]] = []
     texts: list[str] = []
     try:
-        # Encoded here, once, so that max_tokens is checked before anything is sent.
-        _, ids = await text_client.encode(request)  # off the loop, as entering does
-        check_max_tokens(len(ids), request.sampling_params.max_tokens,
-                         client.engine.max_model_len)
+        # Encoded here, once (off the loop, as entering does): the stream then sends these
+        # ids; max_tokens is checked by the engine client, as for every request.
+        _, ids = await text_client.encode(request)
         if request.prompt_token_ids is None and ids:  # none: entering refuses it
             request = attrs.evolve(request, prompt=None, messages=None, prompt_token_ids=ids)
         async with text_client.generate(request) as stream:

@@ -46,6 +46,7 @@ from ..protocol import (
     encode_add,
     engine_identity,
 )
+from ..protocol.validation import resolve_max_tokens
 from .aborts import AbortQueue
 from .config import EngineCoreClientConfig
 from .connection import Connection
@@ -274,8 +275,9 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         This is where every decision about a new request is made, once: the one validation
         (:meth:`EngineCoreRequest.validate` with this client's ``vocab_size``,
         ``max_model_len`` and ``max_logprobs``), this client's ``client_index``, the
-        ``max_tokens`` default (``max_model_len`` minus the prompt, as vLLM's front end
-        fills it in), the duplicate-id check, and the engine (``data_parallel_rank``, else
+        ``max_tokens`` cap (:meth:`EngineCoreRequest.resolved_max_tokens`, vLLM's rule: above
+        ``max_model_len`` refused, None the rest of the context, beyond the prompt's room cut
+        to it), the duplicate-id check, and the engine (``data_parallel_rank``, else
         the least loaded). :attr:`EngineCoreOutputStream.request` is the request as sent and
         :attr:`EngineCoreOutputStream.max_tokens` its resolved cap.
 
@@ -291,12 +293,15 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
             request = attrs.evolve(request, client_index=self._config.client_index)
         request.validate(vocab_size=self._config.vocab_size, max_model_len=self._max_model_len,
                          max_logprobs=self._config.max_logprobs)
-        max_tokens = request.max_tokens
-        if max_tokens is None:
-            max_tokens = request.sampling_params.max_tokens
-            if max_tokens is None:
-                max_tokens = self._max_model_len - len(request.prompt_token_ids)
-                request = attrs.evolve(request, max_tokens=max_tokens)
+        # The one rule (protocol.validation.resolve_max_tokens, which validate applied):
+        # None fills in the rest of the context, a cap beyond the prompt's room is cut to it.
+        requested = request.max_tokens
+        if requested is None:
+            requested = request.sampling_params.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(request.prompt_token_ids),
+                                        self._max_model_len)
+        if max_tokens != requested:
+            request = attrs.evolve(request, max_tokens=max_tokens)
         registry = self._registry
         engine, ticket = registry.choose_engine(request)
         waves = self._waves

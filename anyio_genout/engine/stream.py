@@ -122,8 +122,9 @@ class EngineCoreOutputStream:
     @property
     def max_tokens(self) -> int:
         """The output-token cap the engine applies: the request's ``max_tokens``, else its
-        sampling parameters', else what the client filled in (``max_model_len`` minus the
-        prompt, as vLLM's front end does)."""
+        sampling parameters', at most the room the prompt leaves in the context (None: all of
+        it), as :meth:`~anyio_genout.protocol.EngineCoreRequest.resolved_max_tokens`
+        resolves it (vLLM's rule)."""
         return self._max_tokens
 
     @property

@@ -20,16 +20,17 @@ import numpy as np
 
 from ..errors import InvalidRequestError
 from .packing import pack
-from .sampling import DEFAULT_MAX_TOKENS, SamplingParams, token_ids
+from .sampling import SamplingParams, token_ids
 from .validation import (
     INT64_MAX,
     INT64_MIN,
     TOKEN_MAX,
     check_arrival_time,
     check_int,
-    check_prompt,
     check_text,
+    check_token_ids,
     check_trace_headers,
+    resolve_max_tokens,
 )
 
 __all__ = [
@@ -134,31 +135,23 @@ class EngineCoreRequest:
         if not count:
             raise InvalidRequestError("prompt_token_ids", "must not be empty")
         if max_model_len is not None and count >= max_model_len:
-            raise InvalidRequestError(
-                "prompt_token_ids",
-                f"prompt of {count} tokens leaves no room to generate "
-                f"(max_model_len={max_model_len})",
-            )
+            resolve_max_tokens(None, count, max_model_len)  # refuses it, in its words
         top = TOKEN_MAX if vocab_size is None else min(vocab_size - 1, TOKEN_MAX)
         for token in prompt:  # the lean loop (no enumerate) is faster than C-loop tricks
             if type(token) is not int or token < 0 or token > top:
                 # The slow path: names the first bad token; numpy integers pass.
-                check_prompt(prompt, vocab_size, top)
+                check_token_ids(prompt, "prompt_token_ids", vocab_size)
                 break
         if not isinstance(self.sampling_params, SamplingParams):
             raise InvalidRequestError("sampling_params", "must be a SamplingParams")
         self.sampling_params.validate(vocab_size=vocab_size, max_logprobs=max_logprobs)
-        if self.max_tokens is not None:
-            check_int(self.max_tokens, "max_tokens", low=1)
-        # min_tokens must fit the max_tokens the engine will actually see: this request's
-        # override, else the sampling parameters', else what the client fills in from
-        # max_model_len, else (nothing to fill it in from) the engine's default of 16.
-        # A min_tokens above it fails vLLM's SamplingParams check and deafens the engine.
-        limit = self.max_tokens if self.max_tokens is not None else \
-            self.sampling_params.max_tokens
-        if limit is None:
-            limit = (DEFAULT_MAX_TOKENS if max_model_len is None
-                     else max_model_len - count)
+        # min_tokens must fit the max_tokens the engine will actually see (the one rule,
+        # resolve_max_tokens): a min_tokens above it fails vLLM's SamplingParams check and
+        # deafens the engine.
+        requested = self.max_tokens
+        if requested is None:
+            requested = self.sampling_params.max_tokens
+        limit = resolve_max_tokens(requested, count, max_model_len)
         if self.sampling_params.min_tokens > limit:
             raise InvalidRequestError(
                 "min_tokens", f"must be at most the request's max_tokens ({limit}), got "
@@ -185,6 +178,21 @@ class EngineCoreRequest:
         external = self.external_req_id
         if external is not None and not (type(external) is str and external.isascii()):
             check_text(external, "external_req_id")
+
+    def resolved_max_tokens(self, max_model_len: int | None) -> int:
+        """The output-token cap the engine applies to this request with a context of
+        ``max_model_len`` tokens: its ``max_tokens`` override, else its sampling parameters',
+        by :func:`~.validation.resolve_max_tokens` (the one rule: above the context refused,
+        beyond the prompt's room clamped to it, None the rest of the context; without a
+        ``max_model_len``, the engine's default of 16).
+
+        Raises:
+            InvalidRequestError: naming ``max_tokens`` or ``prompt_token_ids``.
+        """
+        requested = self.max_tokens
+        if requested is None:
+            requested = self.sampling_params.max_tokens
+        return resolve_max_tokens(requested, len(self.prompt_token_ids), max_model_len)
 
     def to_wire(self) -> list[Any]:
         """The 22-element positional array vLLM's decoder expects."""

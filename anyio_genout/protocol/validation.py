@@ -7,12 +7,18 @@ runs on the client before anything is sent. :meth:`.SamplingParams.validate` and
 checks here, which raise :class:`~anyio_genout.InvalidRequestError` naming the field. Nothing
 they accept fails to encode (integers fit msgpack, text is valid UTF-8, ``extra_args`` holds
 only what msgpack carries).
+
+Each decision is made here once, for the engine client, the CLI and the server alike (the
+server answers with these messages, which are vLLM's): :func:`resolve_max_tokens` (the
+output-token cap and the context-fit rule), :func:`check_unicode` / :func:`check_text`
+(text a tokenizer takes) and :func:`check_token` / :func:`check_token_ids` (token ids in
+the vocabulary).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -20,9 +26,10 @@ import numpy as np
 from ..errors import InvalidRequestError
 
 __all__ = [
-    "INT64_MAX", "INT64_MIN", "MAX_EXTRA_ARGS_DEPTH", "TOKEN_MAX", "UINT64_MAX",
-    "check_arrival_time", "check_extra_args", "check_float", "check_int", "check_logprobs",
-    "check_prompt", "check_text", "check_token", "check_trace_headers", "short_int",
+    "DEFAULT_MAX_TOKENS", "INT64_MAX", "INT64_MIN", "MAX_EXTRA_ARGS_DEPTH", "TOKEN_MAX",
+    "UINT64_MAX", "check_arrival_time", "check_extra_args", "check_float", "check_int",
+    "check_logprobs", "check_max_tokens", "check_text", "check_token", "check_token_ids",
+    "check_trace_headers", "check_unicode", "resolve_max_tokens", "short_int",
 ]
 
 INT64_MIN: Final = -(2**63)
@@ -33,6 +40,8 @@ UINT64_MAX: Final = 2**64 - 1
 TOKEN_MAX: Final = 2**31 - 1
 #: How deeply ``extra_args`` may nest (msgpack itself stops at 512).
 MAX_EXTRA_ARGS_DEPTH: Final = 32
+#: vLLM's struct default for ``max_tokens`` (what the engine uses when the key is absent).
+DEFAULT_MAX_TOKENS: Final = 16
 
 
 def check_int(value: object, field: str, *, low: int = INT64_MIN,
@@ -51,14 +60,34 @@ def check_text(value: object, field: str, *, allow_empty: bool = True) -> None:
     if not isinstance(value, str):
         raise InvalidRequestError(field, f"must be a string, got {type(value).__name__}")
     if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidRequestError(
-                field, f"is not valid Unicode text: lone surrogate {value[exc.start]!r} at "
-                f"index {exc.start}") from None
+        _check_encodable(value, field)
     elif not value and not allow_empty:
         raise InvalidRequestError(field, "must not be empty")
+
+
+def _check_encodable(value: str, field: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            field, f"is not valid Unicode text: lone surrogate at index {exc.start}") from None
+
+
+def check_unicode(value: object, field: str) -> None:
+    """Every string in ``value`` (walking lists and dicts; anything else passes) is text
+    UTF-8 can encode: a lone surrogate is a valid JSON escape, not text a tokenizer or a
+    template takes. The field named is the string's place (``messages[0].content``; a
+    dict's key is named by the dict's field)."""
+    if isinstance(value, str):
+        if not value.isascii():
+            _check_encodable(value, field)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_unicode(item, f"{field}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_unicode(key, field)
+            check_unicode(item, f"{field}.{key}")
 
 
 def safe_repr(value: object) -> str:
@@ -126,17 +155,72 @@ def check_logprobs(value: object, field: str, vocab_size: int | None,
 
 
 def check_token(value: object, field: str, vocab_size: int | None) -> None:
-    """A token id: an ``int`` in ``[0, vocab_size)`` that fits int32."""
+    """A token id: an ``int`` in ``[0, vocab_size)`` that fits int32 (vLLM's message when it
+    is out of the vocabulary: ``"{id} is not in the vocabulary (0..{vocab_size - 1})"``)."""
     if type(value) is not int:
         raise InvalidRequestError(field, f"token ids must be integers, got {type(value).__name__}")
+    if vocab_size is not None and not 0 <= value < vocab_size:
+        raise InvalidRequestError(
+            field, f"{short_int(value)} is not in the vocabulary (0..{vocab_size - 1})")
     if value < 0:
         raise InvalidRequestError(field, f"token id must be non-negative, got {short_int(value)}")
-    if vocab_size is not None and value >= vocab_size:
-        raise InvalidRequestError(
-            field, f"token id {short_int(value)} is out of vocabulary (vocab_size={vocab_size})"
-        )
     if value > TOKEN_MAX:
         raise InvalidRequestError(field, f"token id {short_int(value)} does not fit in int32")
+
+
+def check_token_ids(ids: Sequence[Any], field: str, vocab_size: int | None) -> None:
+    """Name the first bad token id of ``ids`` as ``field[i]`` (:func:`check_token`; numpy
+    integers pass)."""
+    for i, token in enumerate(ids):
+        if type(token) is not int and isinstance(token, np.integer):
+            token = int(token)
+        check_token(token, f"{field}[{i}]", vocab_size)
+
+
+def check_max_tokens(max_tokens: int | None, max_model_len: int,
+                     field: str = "max_tokens") -> None:
+    """Refuse an output-token cap above the context (vLLM's serving check, in its words:
+    ``"max_tokens=N cannot be greater than max_model_len=M. Please request fewer output
+    tokens."``); None (fill it in) passes. This is the refusal of
+    :func:`resolve_max_tokens`, for a caller that checks before the prompt is known."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise InvalidRequestError(
+            field, f"{field}={short_int(max_tokens)} cannot be greater than "
+            f"max_model_len={max_model_len}. Please request fewer output tokens.")
+
+
+def resolve_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: int | None,
+                       field: str = "max_tokens") -> int:
+    """The output-token cap the engine applies to a request: the one rule for it (vLLM
+    0.32's ``get_max_tokens``), used by the engine client, the CLI and the server.
+
+    * ``max_tokens`` above ``max_model_len`` is refused (:func:`check_max_tokens`), and so
+      is a prompt of ``max_model_len`` tokens or more (no room to generate);
+    * otherwise the cap is ``max_tokens`` (None: the whole rest of the context), at most
+      the room the prompt leaves, ``max_model_len - prompt_len``: a prompt plus
+      ``max_tokens`` beyond the context ends at the context (finish ``length``).
+    * Without a ``max_model_len`` (nothing to fill in from): ``max_tokens``, else the
+      engine's default of :data:`DEFAULT_MAX_TOKENS`.
+
+    Raises:
+        InvalidRequestError: naming ``field`` (``max_tokens`` not an integer of at least 1,
+            or above the context) or ``prompt_token_ids`` (the prompt fills the context).
+    """
+    if max_model_len is not None and prompt_len < max_model_len and (
+            max_tokens is None or (type(max_tokens) is int and 1 <= max_tokens <= max_model_len)):
+        room = max_model_len - prompt_len  # the common case (this runs per request)
+        return room if max_tokens is None or max_tokens > room else max_tokens
+    if max_tokens is not None:
+        check_int(max_tokens, field, low=1)
+    if max_model_len is None:
+        return DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    if prompt_len >= max_model_len:
+        raise InvalidRequestError(
+            "prompt_token_ids", f"prompt of {prompt_len} tokens leaves no room to generate "
+            f"(max_model_len={max_model_len})")
+    check_max_tokens(max_tokens, max_model_len, field)
+    room = max_model_len - prompt_len
+    return room if max_tokens is None or max_tokens > room else max_tokens
 
 
 def check_extra_args(value: object) -> None:
@@ -177,25 +261,6 @@ def _check_plain(value: object, field: str, depth: int) -> None:
             _check_plain(v, f"{field}[{i}]", depth + 1)
         return
     raise InvalidRequestError(field, f"cannot be sent to the engine: {type(value).__name__}")
-
-
-def check_prompt(prompt: tuple[Any, ...], vocab_size: int | None, top: int) -> None:
-    """Name the first bad token id of ``prompt`` (ids above ``top`` are out of range)."""
-    for i, token in enumerate(prompt):
-        if type(token) is not int:
-            if not isinstance(token, np.integer):
-                raise InvalidRequestError(
-                    f"prompt_token_ids[{i}]",
-                    f"token ids must be integers, got {type(token).__name__}")
-            token = int(token)
-        if 0 <= token <= top:
-            continue
-        if vocab_size is not None and token >= vocab_size and token >= 0:
-            raise InvalidRequestError(
-                f"prompt_token_ids[{i}]",
-                f"token id {short_int(token)} is out of vocabulary (vocab_size={vocab_size})")
-        raise InvalidRequestError(f"prompt_token_ids[{i}]",
-                                  f"must be a non-negative int32, got {short_int(token)}")
 
 
 def check_arrival_time(value: object) -> None:

@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from ..engine.registry import why_down
 from ..errors import EngineDeadError, GenoutError
+from ..protocol.validation import check_token_ids
 from ..text.client import TextClient
 from ..text.request import TextRequest
 from . import requests
@@ -178,11 +179,10 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     @api.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         check_model(body.model)
-        vocab = tokenizer.vocab_size
-        for i, token in enumerate(body.tokens):
-            if not 0 <= token < vocab:
-                raise ApiError(400, f"invalid request: tokens[{i}]: {token} is not in the "
-                               f"vocabulary (0..{vocab - 1})", f"tokens[{i}]")
+        try:  # the one vocabulary check (protocol.validation), as for prompts
+            check_token_ids(body.tokens, "tokens", tokenizer.vocab_size)
+        except GenoutError as exc:
+            raise error_for(exc) from None
         return JSONResponse({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
 
     app.include_router(api)

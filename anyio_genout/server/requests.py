@@ -13,8 +13,8 @@ from typing import Any
 
 import attrs
 
-from ..errors import GenoutError
-from ..protocol import SamplingParams, StructuredOutputsParams
+from ..errors import GenoutError, InvalidRequestError
+from ..protocol import SamplingParams, StructuredOutputsParams, validation
 from ..text.request import TextRequest
 from .errors import ApiError, error_for
 from .fields import check_fields
@@ -25,30 +25,22 @@ from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
 __all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
            "check_unicode", "choices", "completion_choices", "template_kwargs"]
 
+
+def check_unicode(value: object, field: str) -> None:
+    """Raise ApiError (400) naming the place of a lone surrogate (valid JSON escapes, not
+    text a tokenizer or template takes) in ``value``'s strings
+    (:func:`~anyio_genout.protocol.validation.check_unicode`, the one check)."""
+    try:
+        validation.check_unicode(value, field)
+    except InvalidRequestError as exc:
+        raise error_for(exc) from None
+
 #: Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS).
 _GREEDY = 1e-5
 
 #: The sampling fields passed on as they are when the request sets them.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
              "frequency_penalty", "repetition_penalty")
-
-
-def check_unicode(value: object, field: str) -> None:
-    """Raise ApiError (400) naming the place of a lone surrogate (valid JSON escapes, not
-    text a tokenizer or template takes) in ``value``'s strings."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ApiError(400, f"invalid request: {field}: is not valid Unicode text: lone "
-                           f"surrogate at index {exc.start}", field) from None
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            check_unicode(item, f"{field}[{i}]")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_unicode(key, field)
-            check_unicode(item, f"{field}.{key}")
 
 
 def template_kwargs(chat_template: str | None, kwargs: dict[str, Any] | None, *,
@@ -189,19 +181,20 @@ def check_n(n: int, max_n: int) -> None:
 
 
 def check_max_tokens(max_tokens: int | None, field: str, max_model_len: int) -> None:
-    """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``, in
-    vLLM's words (a prompt plus max_tokens beyond it ends at the context)."""
-    if max_tokens is not None and max_tokens > max_model_len:
-        raise ApiError(400, f"{field}={max_tokens} cannot be greater than "
-                       f"max_model_len={max_model_len}. Please request fewer output tokens.",
-                       field)
+    """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``:
+    the refusal of the one rule (:func:`~anyio_genout.protocol.validation.check_max_tokens`)
+    in vLLM's bare words (a prompt plus max_tokens beyond the context ends at the context)."""
+    try:
+        validation.check_max_tokens(max_tokens, max_model_len, field)
+    except InvalidRequestError as exc:
+        raise ApiError(400, exc.message, exc.field) from None
 
 
 def _check_vocab(ids: list[int], field: str, vocab_size: int) -> None:
-    for i, token in enumerate(ids):
-        if not 0 <= token < vocab_size:  # the check the engine client makes, named here
-            raise ApiError(400, f"invalid request: {field}[{i}]: {token} is not in the "
-                           f"vocabulary (0..{vocab_size - 1})", f"{field}[{i}]")
+    try:
+        validation.check_token_ids(ids, field, vocab_size)  # what the engine client checks
+    except InvalidRequestError as exc:
+        raise error_for(exc) from None
 
 
 @attrs.frozen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import shutil
@@ -9,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
+import httpx
 import pytest
 
 from anyio_genout.mock import greedy_tokens
@@ -112,7 +116,7 @@ def test_an_out_of_vocabulary_id_is_refused_locally_by_the_embedded_mock() -> No
     assert done.stdout == ""
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
-    assert "prompt_token_ids[2]" in line and "vocab_size=32000" in line
+    assert "prompt_token_ids[2]: 32000 is not in the vocabulary (0..31999)" in line
     assert "EngineDeadError" not in line
 
 
@@ -121,8 +125,38 @@ def test_max_tokens_beyond_the_context_is_refused_with_the_numbers() -> None:
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith("anyio-genout: error: InvalidRequestError: "), line
-    assert "max_tokens: 5000 is too large" in line and "(5000 > 4096 - 3)" in line
+    assert line == ("anyio-genout: error: InvalidRequestError: invalid request: max_tokens: "
+                    "max_tokens=5000 cannot be greater than max_model_len=4096. Please request "
+                    "fewer output tokens.")
+
+
+@pytest.mark.anyio
+async def test_the_cli_and_the_server_apply_one_max_tokens_rule() -> None:
+    """vLLM's rule, for both: ``max_tokens`` above the context is refused, in the same
+    words; a prompt plus ``max_tokens`` beyond the context is not refused: it generates up
+    to the context (finish ``length``)."""
+    from tests.server.support import MODEL, served
+
+    refused = await anyio.to_thread.run_sync(functools.partial(
+        cli, "generate", "--prompt-token-ids", "1,2,3", "--max-tokens", "4097"))
+    cut = await anyio.to_thread.run_sync(functools.partial(
+        cli, "generate", "--mock-step-time", "0", "--prompt-token-ids", "1,2,3",
+        "--max-tokens", "4095", "--ignore-eos"))
+    async with served(max_model_len=4096, step_time=0.0) as s, httpx.AsyncClient(
+            timeout=COMMAND_TIMEOUT) as http:
+        too_long = await http.post(f"{s.v1}/completions", json={
+            "model": MODEL, "prompt": [1, 2, 3], "max_tokens": 4097})
+        fits = await http.post(f"{s.v1}/completions", json={
+            "model": MODEL, "prompt": [1, 2, 3], "max_tokens": 4095, "ignore_eos": True})
+    message = too_long.json()["error"]["message"]
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "max_tokens"
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith(f"invalid request: max_tokens: {message}")
+    assert cut.returncode == 0, cut.stderr
+    assert "finish_reason=length prompt_tokens=3 output_tokens=4093" in cut.stderr
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["usage"]["completion_tokens"] == 4093
+    assert fits.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_text_prompt_too_long_for_the_context_is_refused_before_it_is_encoded() -> None:

@@ -48,7 +48,7 @@ async def test_an_answer_lost_with_the_next_drop_does_not_hide_the_loss(run: int
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20)
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_call, client, engine_request("long", max_tokens=100_000),
+                tg.start_soon(_call, client, engine_request("long", max_tokens=4_000),
                               errors)
                 await wait_until(lambda: client.in_flight == 1)
                 for i in range(BIG):

@@ -301,7 +301,7 @@ async def test_the_command_lines_embedded_mock_says_why_it_died() -> None:
     args = build_parser().parse_args(["generate", "--prompt-token-ids", "1,2,3"])
     session = ClientSession(args, quiet=True)
     async with session as client, \
-            client.generate(generate_request("g", max_tokens=100_000)) as stream:
+            client.generate(generate_request("g", max_tokens=4_000)) as stream:
         session.mock_engines[0].die("AssertionError: the disk is on fire")
         with anyio.fail_after(5):
             _, error = await drain(stream)

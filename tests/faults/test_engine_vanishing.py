@@ -102,7 +102,7 @@ async def open_operations(client: EngineCoreClient, outcomes: Outcomes,
             return item
 
     async def stream(i: int) -> None:
-        async with client.call(engine_request(f"s{i}", max_tokens=100_000)) as s:
+        async with client.call(engine_request(f"s{i}", max_tokens=4_000)) as s:
             outcomes.record((await drain(Counted(i, s)))[1])
 
     async def utility() -> None:
@@ -190,7 +190,7 @@ async def test_a_killed_engine_process_fails_everything_within_5_s() -> None:
                 async with anyio.create_task_group() as tg:
 
                     async def stream(i: int) -> None:
-                        request = generate_request(f"g{i}", max_tokens=100_000)
+                        request = generate_request(f"g{i}", max_tokens=4_000)
                         async with client.generate(request) as s:
                             outcomes.record((await drain(s))[1])
 
@@ -319,7 +319,7 @@ async def test_a_network_blip_mid_stream_fails_the_streams_with_a_protocol_error
         errors: list[BaseException | None] = []
 
         async def one(i: int) -> None:
-            async with client.call(engine_request(f"b{i}", max_tokens=100_000)) as stream:
+            async with client.call(engine_request(f"b{i}", max_tokens=4_000)) as stream:
                 errors.append((await drain(stream))[1])
 
         with anyio.fail_after(5):
@@ -356,7 +356,7 @@ async def test_one_of_two_engines_killed_is_named() -> None:
             errors: list[BaseException | None] = []
 
             async def one(rank: int) -> None:
-                request = engine_request(f"on-{rank}", max_tokens=100_000,
+                request = engine_request(f"on-{rank}", max_tokens=4_000,
                                          data_parallel_rank=rank)
                 async with client.call(request) as stream:
                     errors.append((await drain(stream))[1])

@@ -260,12 +260,12 @@ async def test_an_engine_message_over_max_message_size_fails_its_streams_naming_
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 for i in range(3):
-                    tg.start_soon(_call, client, engine_request(f"r{i}", max_tokens=100_000),
+                    tg.start_soon(_call, client, engine_request(f"r{i}", max_tokens=4_000),
                                   errors)
                 await wait_until(lambda: client.in_flight == 3)
                 started = anyio.current_time()
                 # Prompt logprobs of a 1000-token prompt: 1000 x 21 x 4 bytes in an aux frame.
-                params = SamplingParams(temperature=0.0, max_tokens=100_000, prompt_logprobs=20)
+                params = SamplingParams(temperature=0.0, max_tokens=4_000, prompt_logprobs=20)
                 big = EngineCoreRequest(request_id="big", prompt_token_ids=tuple(range(1, 1001)),
                                         sampling_params=params, arrival_time=1.0)
                 tg.start_soon(_call, client, big, errors)

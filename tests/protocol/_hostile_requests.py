@@ -131,7 +131,8 @@ VALID_PARAMS: Final[dict[str, st.SearchStrategy[Any]]] = {
     "stop_token_ids": st.lists(_tokens, max_size=4),
     "stop_token_sequences": st.lists(st.lists(_tokens, min_size=1, max_size=3), max_size=2),
     "ignore_eos": st.booleans(),
-    "max_tokens": st.one_of(st.none(), st.integers(4, 2**63 - 1)),
+    # Above the context: refused, as vLLM's front end does (resolve_max_tokens).
+    "max_tokens": st.one_of(st.none(), st.integers(4, MAX_MODEL_LEN)),
     "min_tokens": st.integers(0, 4),
     "logprobs": st.one_of(st.none(), st.integers(0, MAX_LOGPROBS)),
     "prompt_logprobs": st.one_of(st.none(), st.integers(0, MAX_LOGPROBS)),
@@ -208,14 +209,17 @@ def client_frames(request: GenerateRequest, *, vocab_size: int = VOCAB,
                   eos_token_id: int | None = EOS, randomize: bool = True) -> list[bytes]:
     """What ``Client.generate`` and the engine client's ``_open_stream`` do before sending:
     the internal id, the engine request (EOS filled in), the one validation, ``max_tokens``
-    filled in from ``max_model_len``, the ADD frames."""
+    resolved against ``max_model_len`` (the one rule), the ADD frames."""
     internal = internal_request_id(request.request_id, randomize)
     engine_request = request.to_engine_request(internal, eos_token_id=eos_token_id)
     engine_request.validate(vocab_size=vocab_size, max_model_len=max_model_len,
                             max_logprobs=max_logprobs)
-    if engine_request.max_tokens is None and engine_request.sampling_params.max_tokens is None:
-        engine_request = attrs.evolve(
-            engine_request, max_tokens=max_model_len - len(engine_request.prompt_token_ids))
+    requested = engine_request.max_tokens
+    if requested is None:
+        requested = engine_request.sampling_params.max_tokens
+    max_tokens = engine_request.resolved_max_tokens(max_model_len)
+    if max_tokens != requested:
+        engine_request = attrs.evolve(engine_request, max_tokens=max_tokens)
     return encode_add(engine_request)
 
 

@@ -151,7 +151,7 @@ def test_long_valid_prompts_take_the_fast_path_and_stay_exact() -> None:
     with pytest.raises(InvalidRequestError) as info:
         request.validate(vocab_size=999, max_model_len=2000)
     assert info.value.field == "prompt_token_ids[999]"
-    assert "out of vocabulary" in str(info.value)
+    assert "999 is not in the vocabulary (0..998)" in str(info.value)
 
 
 def test_logprobs_minus_one_follows_max_logprobs() -> None:
