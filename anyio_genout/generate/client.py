@@ -24,9 +24,12 @@ __all__ = ["Client", "ClientConfig"]
 class ClientConfig:
     """Settings of the generate layer (and, in ``engine``, of the connection).
 
-    ``eos_token_id`` is filled into requests whose sampling parameters name none (unless they
-    ignore EOS): without it the engine never stops on end-of-sequence. ``vocab_size`` (also
-    settable on ``engine``; if both are set they must agree) makes the client refuse
+    ``eos_token_id`` is filled into requests whose sampling parameters name none (the one
+    EOS fill, :func:`~anyio_genout.protocol.sampling.fill_eos`; a
+    :class:`~anyio_genout.TextClient` fills its tokenizer's EOS first, falling back to this
+    one): without it the engine never stops on end-of-sequence (with ``ignore_eos`` it only
+    holds back under ``min_tokens``). ``vocab_size`` (also settable on ``engine``; if both
+    are set they must agree) makes the client refuse
     out-of-vocabulary token ids, which would kill a real engine. Metrics go to ``registry``,
     or to a private registry if None.
 

@@ -10,7 +10,7 @@ import attrs
 
 from ..errors import InvalidRequestError
 from ..protocol import EngineCoreRequest, LoRARequest, SamplingParams
-from ..protocol.sampling import token_ids
+from ..protocol.sampling import fill_eos, token_ids
 
 __all__ = ["GenerateRequest", "internal_request_id"]
 
@@ -56,8 +56,8 @@ class GenerateRequest:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params", f"must be a SamplingParams, got "
                                       f"{type(params).__name__}")
-        if eos_token_id is not None and params.eos_token_id is None:
-            params = params.with_eos_token_id(eos_token_id)
+        if eos_token_id is not None:
+            params = fill_eos(params, eos_token_id)  # the one EOS fill, its one precedence
         return EngineCoreRequest(
             request_id=internal_id,
             prompt_token_ids=self.prompt_token_ids,

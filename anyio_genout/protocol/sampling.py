@@ -5,9 +5,12 @@ including the private keys ``_eos_token_id`` (without it the engine never stops 
 ``_all_stop_token_ids`` (stop tokens ``min_tokens`` must hold back) and
 ``_bad_words_token_ids``. :meth:`SamplingParams.validate` runs every check vLLM makes on
 these fields (with the field checks of :mod:`.validation`, shared with
-:class:`~.requests.EngineCoreRequest`), before anything is sent, and remembers a success;
-:meth:`SamplingParams.wire_for_request` remembers the wire map. The token id converters the
-request types share are here too.
+:class:`~.requests.EngineCoreRequest`), before anything is sent. :func:`fill_eos` is the one
+EOS fill, with its one precedence. A ``SamplingParams`` holds no state besides its fields:
+what is remembered for a shared instance (a successful validation, the wire map, the EOS
+copy; batch jobs reuse one instance for many requests) is in this module's small identity
+memos (:func:`remember`), never on the instance. The token id converters the request
+types share are here too.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from ..errors import InvalidRequestError
 from .structured_outputs import StructuredOutputsParams, memoizable
 from .validation import (
+    DEFAULT_MAX_TOKENS,
     INT64_MIN,
     UINT64_MAX,
     check_extra_args,
@@ -32,12 +36,50 @@ from .validation import (
     safe_repr,
 )
 
-__all__ = ["DEFAULT_MAX_TOKENS", "OUTPUT_KIND_DELTA", "SamplingParams"]
+__all__ = ["DEFAULT_MAX_TOKENS", "MEMO_SIZE", "OUTPUT_KIND_DELTA", "SamplingParams",
+           "fill_eos", "remember"]
 
-#: vLLM's struct default for ``max_tokens`` (what the engine uses when the key is absent).
-DEFAULT_MAX_TOKENS: Final = 16
 #: ``RequestOutputKind.DELTA``: the engine always sends deltas; vLLM's front end says so.
 OUTPUT_KIND_DELTA: Final = 1
+
+#: How many instances each memo below remembers.
+MEMO_SIZE: Final = 8
+
+
+def remember(memo: dict[int, tuple[Any, ...]], entry: tuple[Any, ...]) -> None:
+    """Put ``entry`` (its first item the object it is about) in an identity memo: a dict
+    keyed by ``id(obj)``, read inline as ``memo.get(id(obj))`` then ``entry[0] is obj``.
+
+    By identity, not equality: a frozen value may hold a mapping, and hashing one per
+    request costs more than the work saved. The object is held while it is remembered, so
+    its ``id`` is not reused meanwhile; the oldest entry goes past :data:`MEMO_SIZE`.
+    """
+    key = id(entry[0])
+    if key not in memo and len(memo) >= MEMO_SIZE:
+        try:
+            del memo[next(iter(memo))]
+        except (KeyError, RuntimeError, StopIteration):  # another thread got there first
+            pass
+    memo[key] = entry
+
+
+def _memoizable(params: SamplingParams) -> bool:
+    """Whether what is worked out for ``params`` stays true: not with a mutable mapping set
+    (``logit_bias``, ``extra_args``, a ``structured_outputs.json`` schema), whose contents
+    could change."""
+    return params.logit_bias is None and params.extra_args is None and memoizable(
+        params.structured_outputs)
+
+
+# The identity memos (remember()) of this module. A SamplingParams holds no state besides
+# its fields: what is worked out for a shared instance (batch jobs reuse one for many
+# requests) is remembered here.
+#: (params, (vocab_size, max_logprobs)) of the last successful validations.
+_VALIDATED: dict[int, tuple[Any, ...]] = {}
+#: (params, max_tokens, wire map) of the last wire maps.
+_WIRE: dict[int, tuple[Any, ...]] = {}
+#: (params, eos_token_id, other_eos_ids, filled copy) of the last EOS fills.
+_EOS: dict[int, tuple[Any, ...]] = {}
 
 
 def _sequence(value: Any, field: str) -> tuple[Any, ...]:
@@ -138,28 +180,19 @@ class SamplingParams:
     skip_reading_prefix_cache: bool | None = None
     extra_args: Mapping[str, Any] | None = None
     structured_outputs: StructuredOutputsParams | None = None
-    # Memo of the last successful validate() and of the wire map (the instance is frozen, so
-    # both stay true; batch jobs reuse one SamplingParams for many requests). Not kept when a
-    # mutable mapping (logit_bias, extra_args, a structured_outputs.json schema) is set, since
-    # its contents could change.
-    _validated_for: tuple[int | None, int | None] | None = attrs.field(
-        default=None, init=False, eq=False, repr=False)
-    _wire_memo: tuple[int | None, dict[str, Any]] | None = attrs.field(
-        default=None, init=False, eq=False, repr=False)
-    # The copy with_eos_token_id made last (so a shared instance keeps its memos per request).
-    _eos_copy: tuple[int, SamplingParams] | None = attrs.field(
-        default=None, init=False, eq=False, repr=False)
-
     def with_eos_token_id(self, eos_token_id: int) -> SamplingParams:
-        """A copy with ``eos_token_id`` set, made once per value and then reused (the
-        client fills in its configured EOS this way, keeping the copy's memos warm)."""
-        memo = self._eos_copy
-        if memo is not None and (memo[0] is eos_token_id or (
-                type(eos_token_id) is int and memo[0] == eos_token_id)):
-            return memo[1]
-        params = attrs.evolve(self, eos_token_id=eos_token_id)
-        object.__setattr__(self, "_eos_copy", (eos_token_id, params))
-        return params
+        """A copy with ``eos_token_id`` set (:func:`fill_eos` with it and no other EOS ids:
+        the parameters' own ``eos_token_id`` is replaced). The copy made last for an
+        instance and a value is reused, so a shared instance's copy keeps its memos warm."""
+        memo = _EOS.get(id(self))
+        if memo is not None and memo[0] is self and memo[2] is None and (
+                memo[1] is eos_token_id or (type(eos_token_id) is int
+                                            and memo[1] == eos_token_id)):
+            copy: SamplingParams = memo[3]
+            return copy
+        copy = _filled(self, eos_token_id, ())
+        remember(_EOS, (self, eos_token_id, None, copy))  # None: not fill_eos's entry
+        return copy
 
     def validate(self, *, vocab_size: int | None = None, max_logprobs: int | None = None) -> None:
         """Raise :class:`InvalidRequestError` for anything vLLM would reject or die on.
@@ -169,12 +202,12 @@ class SamplingParams:
         successful check is remembered per ``(vocab_size, max_logprobs)``.
         """
         key = (vocab_size, max_logprobs)
-        if self._validated_for == key:
+        memo = _VALIDATED.get(id(self))
+        if memo is not None and memo[0] is self and memo[1] == key:
             return
         self._validate(vocab_size, max_logprobs)
-        if self.logit_bias is None and self.extra_args is None and memoizable(
-                self.structured_outputs):
-            object.__setattr__(self, "_validated_for", key)
+        if _memoizable(self):
+            remember(_VALIDATED, (self, key))
 
     def _validate(self, vocab_size: int | None, max_logprobs: int | None) -> None:
         check_int(self.n, "n", low=1)
@@ -256,13 +289,13 @@ class SamplingParams:
 
     def wire_for_request(self, max_tokens: int | None) -> dict[str, Any]:
         """:meth:`to_wire`, memoised per ``max_tokens``; the result must not be mutated."""
-        memo = self._wire_memo
-        if memo is not None and memo[0] == max_tokens:
-            return memo[1]
+        memo = _WIRE.get(id(self))
+        if memo is not None and memo[0] is self and memo[1] == max_tokens:
+            wire: dict[str, Any] = memo[2]
+            return wire
         wire = self.to_wire(max_tokens=max_tokens)
-        if self.logit_bias is None and self.extra_args is None and memoizable(
-                self.structured_outputs):
-            object.__setattr__(self, "_wire_memo", (max_tokens, wire))
+        if _memoizable(self):
+            remember(_WIRE, (self, max_tokens, wire))
         return wire
 
     def to_wire(self, *, max_tokens: int | None = None) -> dict[str, Any]:
@@ -377,3 +410,47 @@ class SamplingParams:
         if self.eos_token_id is not None:
             ids.add(self.eos_token_id)
         return frozenset(ids)
+
+
+def fill_eos(params: SamplingParams, eos_token_id: int | None,
+             other_eos_ids: tuple[int, ...] = ()) -> SamplingParams:
+    """``params`` with the model's end-of-sequence tokens: the one EOS fill, as vLLM's
+    ``SamplingParams.update_from_generation_config`` does it.
+
+    The precedence, the only one: the parameters' own ``eos_token_id`` wins; else
+    ``eos_token_id`` (the model's primary EOS: a :class:`~anyio_genout.TextClient`'s
+    tokenizer's, else ``ClientConfig.eos_token_id``) is filled in. ``other_eos_ids`` (the
+    model folder's other EOS ids) are appended to ``stop_token_ids`` unless ``ignore_eos``
+    (with it, the primary EOS only holds back under ``min_tokens``, as in vLLM). Nothing to
+    fill: ``params`` itself. The result for the last few instances and ids is remembered,
+    so a shared instance gets one copy (whose memos then serve every request). Anything
+    but a :class:`SamplingParams` (or one whose ``ignore_eos`` is not a bool) is returned
+    as it is, for validation to refuse.
+    """
+    memo = _EOS.get(id(params))
+    if (memo is not None and memo[0] is params and memo[1] is eos_token_id
+            and memo[2] is other_eos_ids):
+        filled: SamplingParams = memo[3]
+        return filled
+    if not isinstance(params, SamplingParams) or not _is_bool(params.ignore_eos):
+        return params
+    eos = None if params.eos_token_id is not None else eos_token_id
+    others = () if params.ignore_eos else tuple(
+        t for t in other_eos_ids if t not in params.stop_token_ids)
+    filled = params if eos is None and not others else _filled(params, eos, others)
+    remember(_EOS, (params, eos_token_id, other_eos_ids, filled))
+    return filled
+
+
+def _is_bool(value: object) -> bool:
+    return type(value) is bool
+
+
+def _filled(params: SamplingParams, eos_token_id: int | None,
+            other_eos_ids: tuple[int, ...]) -> SamplingParams:
+    changes: dict[str, Any] = {}
+    if eos_token_id is not None:
+        changes["eos_token_id"] = eos_token_id
+    if other_eos_ids:
+        changes["stop_token_ids"] = (*params.stop_token_ids, *other_eos_ids)
+    return attrs.evolve(params, **changes)

@@ -24,7 +24,8 @@ class TextClient:
             async for out in stream:
                 print(out.text, end="", flush=True)
 
-    It fills in the model's end-of-sequence tokens as vLLM does (see :class:`ModelEos`) and
+    It fills in the model's end-of-sequence tokens as vLLM does (the tokenizer's, else
+    ``ClientConfig.eos_token_id``: see :func:`~anyio_genout.protocol.sampling.fill_eos`) and
     runs the text layer (detokenization, stop strings) in the consumer's task; chat
     templates and long prompts are rendered and encoded in worker threads (a few at a
     time), so they never stall the event loop; everything else (scopes, aborts, metrics,
@@ -47,7 +48,7 @@ class TextClient:
                 f"client's vocab_size={vocab}: is it the engines' model?")
         self._client = client
         self._tokenizer = tokenizer
-        self._eos = ModelEos(tokenizer)
+        self._eos = ModelEos(tokenizer, fallback=client.config.eos_token_id)
         self._offload = Offload(tokenizer)
 
     @property

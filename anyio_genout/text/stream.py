@@ -34,6 +34,7 @@ from ..generate import (
 )
 from ..generate.stop_sequences import cut_at_stop
 from ..protocol import SamplingParams
+from ..protocol.sampling import fill_eos
 from .bad_words import bad_words_token_ids
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
@@ -51,44 +52,24 @@ __all__ = ["ModelEos", "TextStream", "new_text_stream"]
 _MADE_HERE: Final = object()
 
 
-def _is_bool(value: object) -> bool:
-    return type(value) is bool
-
-
 class ModelEos:
-    """The model folder's end-of-sequence tokens, filled into sampling parameters as vLLM's
-    ``SamplingParams.update_from_generation_config`` does: the primary EOS becomes
-    ``eos_token_id`` (unless the request names one) and the folder's other EOS ids are
-    added to ``stop_token_ids`` unless ``ignore_eos`` (with it, the primary EOS only holds
-    back under ``min_tokens``, as in vLLM). The last result is kept, so a
-    batch that shares one :class:`SamplingParams` gets one filled copy (and its memos)."""
+    """The model's end-of-sequence tokens, for the one EOS fill
+    (:func:`~anyio_genout.protocol.sampling.fill_eos`, where its precedence is): the primary
+    EOS is the tokenizer's (else ``fallback``, the client's ``ClientConfig.eos_token_id``),
+    the others are the folder's other EOS ids. The generate layer's own fill then finds
+    nothing left to do, so the order of the two calls does not matter."""
 
-    __slots__ = ("_last", "eos_token_id", "other_eos_ids")
+    __slots__ = ("eos_token_id", "other_eos_ids")
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.eos_token_id = tokenizer.eos_token_id
+    def __init__(self, tokenizer: Tokenizer, fallback: int | None = None) -> None:
+        primary = tokenizer.eos_token_id
+        self.eos_token_id = fallback if primary is None else primary
         self.other_eos_ids = tuple(t for t in dict.fromkeys(tokenizer.eos_token_ids)
                                    if t != self.eos_token_id)
-        self._last: tuple[SamplingParams, SamplingParams] | None = None
 
     def fill(self, params: SamplingParams) -> SamplingParams:
-        """``params`` with the model's EOS ids (anything else is returned as it is)."""
-        # Validation refuses what is not SamplingParams or not a bool when the request is sent.
-        if not isinstance(params, SamplingParams) or not _is_bool(params.ignore_eos):
-            return params
-        last = self._last
-        if last is not None and last[0] is params:
-            return last[1]
-        changes: dict[str, object] = {}
-        if params.eos_token_id is None and self.eos_token_id is not None:
-            changes["eos_token_id"] = self.eos_token_id
-        extra = () if params.ignore_eos else tuple(
-            t for t in self.other_eos_ids if t not in params.stop_token_ids)
-        if extra:
-            changes["stop_token_ids"] = (*params.stop_token_ids, *extra)
-        filled = attrs.evolve(params, **changes) if changes else params  # type: ignore[arg-type]
-        self._last = (params, filled)
-        return filled
+        """``params`` with the model's EOS ids (:func:`fill_eos`)."""
+        return fill_eos(params, self.eos_token_id, self.other_eos_ids)
 
 
 @final

@@ -315,7 +315,9 @@ def test_a_schema_text_is_checked_once_and_the_params_remember_it() -> None:
     SamplingParams(structured_outputs=StructuredOutputsParams(json=text)).validate()
     after = module._cached_schema_problem.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
-    assert params._validated_for == (10, None)
+    object.__setattr__(params, "top_k", -5)  # behind its back: a check that ran would refuse
+    params.validate(vocab_size=10)  # remembered
+    object.__setattr__(params, "top_k", 0)
     assert params.wire_for_request(4) is params.wire_for_request(4)
 
 
