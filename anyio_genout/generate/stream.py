@@ -23,6 +23,7 @@ from ..protocol import (
     EngineCoreOutput,
     EngineCoreRequest,
 )
+from ..protocol.outputs import stream_fields
 from .abort_cause import AbortCause, record_abort
 from .coalesce import Merge, gather
 from .inflight import AbortedIds, InflightGuard, InflightRequests
@@ -373,10 +374,9 @@ class GenerateStream:
         ``plain`` (:meth:`receive`), a plain step (or a merge of them) as its token ids."""
         tracker = self._tracker
         assert tracker is not None
-        # One unpacking instead of a field lookup per use (this runs once per token).
-        (rid, tokens, logprobs, prompt_logprobs, _pooling, finish_reason, stop_reason, _events,
-         kv_params, ec_params, _trace, prefill, _routed, _nans, _mm, mask, spec_metrics,
-         prompt_token_id_logprobs, _error) = output
+        # One C call instead of a field lookup per use (this runs once per token).
+        (rid, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, kv_params,
+         ec_params, prefill, mask, spec_metrics, prompt_token_id_logprobs) = stream_fields(output)
         # The wall clock matters only for time to first token and end-to-end latency.
         received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
                        else 0.0)
