@@ -20,6 +20,12 @@ import time
 import msgpack
 import zmq
 
+from anyio_genout.protocol.outputs import OUTPUT_FIELDS, OUTPUTS_FIELDS
+
+#: Where the fields read here sit in the raw arrays (the protocol's names for them).
+_OUTPUTS = OUTPUTS_FIELDS.index("outputs")
+_TOKENS = OUTPUT_FIELDS.index("new_token_ids")
+_FINISH = OUTPUT_FIELDS.index("finish_reason")
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -89,10 +95,10 @@ def main() -> None:
                 head = main[2]
                 tokens += head & 0x0F if head & 0xF0 == 0x90 else int.from_bytes(main[3:5])
                 continue
-            rows = msgpack.unpackb(main, raw=False)[1]
+            rows = msgpack.unpackb(main, raw=False)[_OUTPUTS]
             for row in rows:
-                tokens += len(row[1])
-                if row[5] is not None:
+                tokens += len(row[_TOKENS])
+                if row[_FINISH] is not None:
                     finished += 1
                     add()
         elapsed = time.perf_counter() - start

@@ -17,6 +17,7 @@ from anyio_genout.protocol import (
     RequestBatch,
     decode_outputs,
 )
+from anyio_genout.protocol.outputs import OUTPUT_FIELDS, OUTPUTS_FIELDS
 from tests.support import wait_until
 
 from .frontend import running_engine, unpack
@@ -46,6 +47,16 @@ def greedy(max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"temperature": 0.0, "max_tokens": max_tokens, **extra}
 
 
+def _message(message: list[Any], name: str) -> Any:
+    """A field of a raw ``EngineCoreOutputs`` array, by the protocol's name for it."""
+    return message[OUTPUTS_FIELDS.index(name)]
+
+
+def _output(message: list[Any], name: str) -> Any:
+    """A field of a raw message's first output, by the protocol's name for it."""
+    return _message(message, "outputs")[0][OUTPUT_FIELDS.index(name)]
+
+
 async def test_output_shapes_match_vllm() -> None:
     first, plain, last = (golden(n) for n in ("e001_output_req-A", "e002_output_req-A",
                                                "e016_output_req-A"))
@@ -57,11 +68,14 @@ async def test_output_shapes_match_vllm() -> None:
     for mine, theirs in ((ours[0], first), (ours[1], plain), (ours[-1], last),
                          (after, stats_only)):
         assert shape(mine) == shape(theirs)
-    assert ours[0][1][0][7][0]["type"] == 1 and ours[0][1][0][7][1]["type"] == 2
-    assert ours[0][1][0][11] == first[1][0][11]  # prefill stats of a 5-token prompt
-    assert ours[-1][1][0][5] == 1 and ours[-1][2]["num_running_reqs"] == 0
-    assert [m[1][0][1][0] for m in ours] == greedy_tokens(PROMPT, 16)
-    assert all(m[8] == "default" for m in ours)
+    events = _output(ours[0], "events")
+    assert events[0]["type"] == 1 and events[1]["type"] == 2
+    # prefill stats of a 5-token prompt
+    assert _output(ours[0], "prefill_stats") == _output(first, "prefill_stats")
+    assert _output(ours[-1], "finish_reason") == 1
+    assert _message(ours[-1], "scheduler_stats")["num_running_reqs"] == 0
+    assert [_output(m, "new_token_ids")[0] for m in ours] == greedy_tokens(PROMPT, 16)
+    assert all(_message(m, "weight_version") == "default" for m in ours)
 
 
 async def test_plain_step_bytes_like_disable_log_stats_golden() -> None:
