@@ -88,9 +88,10 @@ async def test_plain_step_bytes_like_disable_log_stats_golden() -> None:
     assert len(frames[0][0]) > len(expected)  # prefill stats on the first output
     plain = frames[1][0]
     decoded = unpack(plain)
-    ours = expected.replace(bytes.fromhex("91cd02c9"), msgpack.packb([decoded[1][0][1][0]]))
-    ours = ours.replace(bytes.fromhex("cb4091461a34bdf7c8"), b"\xcb" + struct.pack(">d",
-                                                                               decoded[3]))
+    ours = expected.replace(bytes.fromhex("91cd02c9"),
+                            msgpack.packb([_output(decoded, "new_token_ids")[0]]))
+    ours = ours.replace(bytes.fromhex("cb4091461a34bdf7c8"), b"\xcb" + struct.pack(
+        ">d", _message(decoded, "timestamp")))
     assert plain == ours  # byte for byte the real engine's message, but for token and time
 
 
@@ -190,8 +191,7 @@ async def test_sample_logprobs_inline_and_aux_frames() -> None:
         await front.add("lp2", PROMPT, greedy(3, logprobs=2))
         frames = await front.receive_raw()
         assert len(frames) == 1
-        row = unpack(frames[0])[1][0]
-        ids, lps, ranks, cu = row[2]
+        ids, lps, ranks, cu = _output(unpack(frames[0]), "new_logprobs")
         assert ids[:2] == ["<i4", [1, 3]] and lps[:2] == ["<f4", [1, 3]]
         assert ranks[:2] == ["<i8", [1]] and cu is None
         assert isinstance(ids[2], msgpack.ExtType) and ids[2].code == 3
@@ -206,8 +206,8 @@ async def test_sample_logprobs_inline_and_aux_frames() -> None:
                                           "logprobs": 100})
         frames = await front.receive_rows_raw()
         assert len(frames) == 3  # token ids and logprobs (404 B each) ride in aux frames
-        row = unpack(frames[0])[1][0]
-        assert row[2][0] == ["<i4", [1, 101], 1] and row[2][1] == ["<f4", [1, 101], 2]
+        row = _output(unpack(frames[0]), "new_logprobs")
+        assert row[0] == ["<i4", [1, 101], 1] and row[1] == ["<f4", [1, 101], 2]
         out = decode_outputs(frames)
         assert isinstance(out, RequestBatch)
         lp = out.message.outputs[0].new_logprobs
@@ -216,14 +216,15 @@ async def test_sample_logprobs_inline_and_aux_frames() -> None:
 
 
 async def test_prompt_logprobs_like_vllm() -> None:
-    theirs = golden("variant-eos-stop-logprobs/e025_output_J5")[1][0][3]
+    theirs = _output(golden("variant-eos-stop-logprobs/e025_output_J5"),
+                     "new_prompt_logprobs_tensors")
     prompt = list(range(100, 141))  # 41 tokens, like the golden J5 request
     async with running_engine() as (_, front):
         await front.add("J5", prompt, greedy(2, prompt_logprobs=5))
         frames = await front.receive_raw()
         second = await front.receive_raw()
     assert [len(f) for f in frames] == [len(frames[0]), 960, 960]
-    ours = unpack(frames[0])[1][0][3]
+    ours = _output(unpack(frames[0]), "new_prompt_logprobs_tensors")
     assert [a[:2] for a in ours[:3]] == [a[:2] for a in theirs[:3]]
     assert ours[0][2] == 1 and ours[1][2] == 2 and ours[3:] == [None, None]
     assert isinstance(ours[2][2], msgpack.ExtType) and len(ours[2][2].data) == 160
@@ -231,7 +232,8 @@ async def test_prompt_logprobs_like_vllm() -> None:
     assert isinstance(out, RequestBatch)
     plp = out.message.outputs[0].new_prompt_logprobs
     assert plp is not None and plp.token_ids[:, 0].tolist() == prompt[1:]
-    assert unpack(second[0])[1][0][3] is None  # only on the first output
+    # only on the first output
+    assert _output(unpack(second[0]), "new_prompt_logprobs_tensors") is None
 
 
 async def test_continuous_batching_beyond_max_num_seqs() -> None:
