@@ -294,7 +294,8 @@ def spawn_vllm_engines(model: str | os.PathLike[str], *, handshake_address: str,
 
     Use the result as an async context manager. The command line is
     ``COMMAND serve MODEL --headless --data-parallel-address HOST --data-parallel-rpc-port PORT
-    --data-parallel-size N --data-parallel-size-local N --skip-tokenizer-init`` followed by
+    --data-parallel-size N --data-parallel-size-local N`` (and ``--skip-tokenizer-init`` for a
+    model folder without a tokenizer: :func:`has_tokenizer`) followed by
     ``default_args`` (:data:`CPU_TEST_ARGS`: small, CPU-friendly settings) and ``extra_args``;
     a flag in ``extra_args`` replaces the same flag of ``default_args``.
 

@@ -15,7 +15,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 __all__ = ["CPU_TEST_ARGS", "DEFAULT_ENV", "build_serve_args", "default_vllm_command",
-           "parse_handshake_address"]
+           "has_tokenizer", "parse_handshake_address"]
 
 #: Flags for a small model on a CPU-only machine; :func:`spawn_vllm_engines` adds them unless
 #: the caller's ``extra_args`` set the same flag (or ``default_args=()`` drops them all).
@@ -81,11 +81,31 @@ def _merge_args(defaults: Sequence[str], overrides: Sequence[str]) -> list[str]:
     return [*merged, *overrides]
 
 
+#: Files of a model folder that give vLLM's engine a tokenizer.
+_TOKENIZER_FILES: Final = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def has_tokenizer(model: str | os.PathLike[str]) -> bool:
+    """Whether an engine started on ``model`` gets a tokenizer: True unless ``model`` is a local
+    folder with none of :data:`_TOKENIZER_FILES` (a hub id has one, as ``vllm serve`` assumes).
+
+    The engine needs its tokenizer only for structured outputs (it compiles each grammar
+    against it); without one it ends every structured request with an error. A folder without
+    a tokenizer is started with ``--skip-tokenizer-init`` (it could not start otherwise)."""
+    folder = os.fspath(model)
+    if not os.path.isdir(folder):
+        return True
+    return any(os.path.isfile(os.path.join(folder, name)) for name in _TOKENIZER_FILES)
+
+
 def build_serve_args(model: str | os.PathLike[str], *, handshake_address: str,
                      engine_count: int = 1, extra_args: Sequence[str] = (),
                      default_args: Sequence[str] = CPU_TEST_ARGS, start_rank: int = 0,
                      data_parallel_size: int | None = None) -> list[str]:
-    """The arguments after the vLLM command: ``serve MODEL --headless ...``.
+    """The arguments after the vLLM command: ``serve MODEL --headless ...``, with
+    ``--skip-tokenizer-init`` only for a model folder that has no tokenizer
+    (:func:`has_tokenizer`): as with ``vllm serve``, the engines can then run structured
+    outputs. ``--skip-tokenizer-init`` in ``extra_args`` asks for it anyway.
 
     ``engine_count`` engines are started locally, with DP ranks ``start_rank`` to
     ``start_rank + engine_count - 1`` out of ``data_parallel_size`` (default: ``engine_count``).
@@ -106,8 +126,9 @@ def build_serve_args(model: str | os.PathLike[str], *, handshake_address: str,
         "--data-parallel-rpc-port", str(port),
         "--data-parallel-size", str(total),
         "--data-parallel-size-local", str(engine_count),
-        "--skip-tokenizer-init",
     ]
+    if not has_tokenizer(model):
+        required.append("--skip-tokenizer-init")
     if start_rank:
         required += ["--data-parallel-start-rank", str(start_rank)]
     return ["serve", os.fspath(model), *required, *_merge_args(default_args, extra_args)]
