@@ -4,10 +4,11 @@ than its timeout, and no request fails.
 The engine is a mock process stepping back to back; every stream's consumer spends
 ``WORK`` seconds (blocking) on each output, so together they read outputs far slower than
 the engine makes them, and a backlog of outputs waits in front of anything else the engine
-sends, the answer to a liveness question included. The streams are ``per_step``: coalesced
-(the default), a consumer takes the steps that waited as one output and keeps up. Every message read from the engine
+sends, the answer to a liveness question included. Every message read from the engine
 proves it alive (docs/reliability.md, "The liveness check"): the streams, which take many
-liveness timeouts to read, all end with every token they asked for.
+liveness timeouts to read, all end with every token they asked for. The streams are
+``per_step``: coalesced (the default), a consumer takes the steps that waited as one output
+and keeps up.
 """
 
 from __future__ import annotations
