@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from ..text.request import TextRequest
 from . import requests
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
+from .fingerprint import FingerprintMode, check_fingerprint_options, system_fingerprint
 from .http_metrics import HttpMetrics, client_http_series
 from .limits import Limits
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -47,7 +49,9 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                body_timeout: float | None = BODY_TIMEOUT,
                trust_request_chat_template: bool = False,
                enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None,
+               fingerprint_mode: FingerprintMode = "full",
+               fingerprint_value: str | None = None) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -67,21 +71,28 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     needs ``enable_auto_tool_choice``), ``tool_call_parser`` (vLLM's names, see
     :mod:`anyio_genout.parsers`); ``tool_choice="required"`` and a named function are
     held to vLLM's JSON schema and need neither.
+    Responses carry a ``system_fingerprint`` as vLLM's ``--fingerprint-mode`` and
+    ``--fingerprint-value`` choose it (:mod:`.fingerprint`; ``"none"``: none).
     Serve it with any ASGI server; ``anyio-genout serve`` uses Hypercorn.
     See docs/server.md.
 
     Raises:
         InvalidRequestError: an unknown parser name, or ``enable_auto_tool_choice``
-            without ``tool_call_parser``.
+            without ``tool_call_parser``; an unknown ``fingerprint_mode``, or
+            ``fingerprint_value`` without mode ``"custom"`` (or that mode without it).
     """
 
     check_api_key(api_key, api_key_scope)
+    check_fingerprint_options(fingerprint_mode, fingerprint_value)
     tool_serving = ToolServing.from_names(tool_call_parser, reasoning_parser,
                                           enable_auto_tool_choice=enable_auto_tool_choice)
 
     serving = Serving(text_client=text_client, model_name=model_name, max_n=max_n,
                       trust_request_chat_template=trust_request_chat_template,
-                      tool_serving=tool_serving)
+                      tool_serving=tool_serving,
+                      fingerprint=functools.cache(functools.partial(  # once, when first used
+                          system_fingerprint, text_client, model_name=model_name,
+                          mode=fingerprint_mode, value=fingerprint_value)))
     check_model = serving.check_model
     client = text_client.client
     tokenizer = text_client.tokenizer

@@ -121,9 +121,14 @@ RESPONSE_FIELDS: Final[Mapping[str, str]] = {
     **{f"{m}.{f}": "sent" for m in ("CompletionResponse", "CompletionStreamResponse",
                                      "ChatCompletionResponse", "ChatCompletionStreamResponse")
        for f in ("id", "object", "created", "model", "choices", "usage")},
-    **{f"{m}.{f}": "not sent: vLLM sends None unless asked for it" for m in (
+    **{f"{m}.metrics": "not sent: vLLM sends None unless asked for it" for m in (
         "CompletionResponse", "CompletionStreamResponse", "ChatCompletionResponse",
-        "ChatCompletionStreamResponse") for f in ("system_fingerprint", "metrics")},
+        "ChatCompletionStreamResponse")},
+    **{f"{m}.system_fingerprint": "sent (--fingerprint-mode, not with none)" for m in (
+        "CompletionResponse", "ChatCompletionResponse")},
+    **{f"{m}.system_fingerprint": "sent on each chunk with a finish_reason, or with "
+       "stream_options.include_usage on the usage chunk alone (--fingerprint-mode, not "
+       "with none)" for m in ("CompletionStreamResponse", "ChatCompletionStreamResponse")},
     **{f"{m}.{f}": "not sent: the request fields that ask for them are refused" for m, f in (
         ("CompletionResponse", "kv_transfer_params"), ("CompletionResponse", "ec_transfer_params"),
         ("ChatCompletionResponse", "kv_transfer_params"),

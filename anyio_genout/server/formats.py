@@ -78,6 +78,18 @@ class Format:
         self.constraint = constraint
         self.created = int(time.time())
         self._templates: dict[int, tuple[bytes, bytes]] = {}
+        #: The server's ``system_fingerprint`` (None: none is sent); see :meth:`stamp`.
+        self.fingerprint: str | None = None
+        #: The fingerprint streamed chunks with a finish reason carry (None: none do).
+        self._terminal_fingerprint: str | None = None
+
+    def stamp(self, fingerprint: str | None, *, include_usage: bool) -> None:
+        """Send ``fingerprint`` (the server's, a constant) as vLLM 0.32 does: on the whole
+        response; streamed, on each chunk with a finish reason, or with ``include_usage``
+        on the usage chunk alone. No other chunk carries it: the chunks of new text alone
+        (:meth:`event`'s templates) never have a finish reason."""
+        self.fingerprint = fingerprint
+        self._terminal_fingerprint = None if include_usage else fingerprint
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -124,7 +136,11 @@ class Format:
                 template = self._templates[index] = self._template(index)
             return template[0] + encode_basestring(out.text).encode() + template[1]
         chunk = self.chunk(out, index)
-        return None if chunk is None else sse_event(chunk)
+        if chunk is None:
+            return None
+        if out.finish_reason is not None and self._terminal_fingerprint is not None:
+            chunk["system_fingerprint"] = self._terminal_fingerprint
+        return sse_event(chunk)
 
     def token(self, entry: TokenLogprob) -> str:
         """A logprob entry's token as shown."""
@@ -159,6 +175,8 @@ class Format:
         format)."""
         body = self.envelope(self.object_whole, [self.whole_choice(out, i)
                                                  for i, out in enumerate(outs)])
+        if self.fingerprint is not None:  # before usage, as vLLM's field order
+            body["system_fingerprint"] = self.fingerprint
         body["usage"] = usage(self.prompt_tokens([out.usage.prompt_token_count
                                                   for out in outs]),
                               sum(out.usage.output_token_count for out in outs))
@@ -170,6 +188,8 @@ class Format:
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         body = self.envelope(self.object_chunk, [])
         body["usage"] = usage(prompt_tokens, completion_tokens)
+        if self.fingerprint is not None:
+            body["system_fingerprint"] = self.fingerprint
         return body
 
 

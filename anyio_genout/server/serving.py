@@ -118,13 +118,16 @@ class Plan:
 class Serving:
     """The completions and chat completions of ``text_client``, as ``model_name``: at most
     ``max_n`` choices, a request's own chat template only if
-    ``trust_request_chat_template``, chat outputs read with ``tool_serving``'s parsers."""
+    ``trust_request_chat_template``, chat outputs read with ``tool_serving``'s parsers,
+    responses carrying the ``system_fingerprint`` that ``fingerprint`` gives (called for
+    every body: a cached constant; :meth:`.Format.stamp`; None: none)."""
 
     text_client: TextClient
     model_name: str
     max_n: int
     trust_request_chat_template: bool = False
     tool_serving: ToolServing = attrs.field(factory=ToolServing)
+    fingerprint: Callable[[], str | None] = attrs.field(default=lambda: None)
 
     def check_model(self, model: str | None) -> None:
         """Raises ApiError (404) if ``model`` is given and is not the one served."""
@@ -148,9 +151,10 @@ class Serving:
             return tokenizer.decode(list(ids), skip_special_tokens=False)
 
         stream_options = body.stream_options
-        return Plan(found.requests, found.format(model or self.model_name, decode),
-                    stream=body.stream,
-                    include_usage=stream_options is not None and stream_options.include_usage)
+        include_usage = stream_options is not None and stream_options.include_usage
+        fmt = found.format(model or self.model_name, decode)
+        fmt.stamp(self.fingerprint(), include_usage=include_usage)
+        return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage)
 
 
 class Generation:
