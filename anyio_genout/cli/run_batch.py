@@ -18,7 +18,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, cast
 
 import attrs
 
@@ -183,16 +183,28 @@ class BatchParser:
 class BatchRunner:
     """Runs :class:`BatchItem` on ``text_client`` and makes their output lines: each body
     is served by the server's serving functions (:mod:`anyio_genout.server.serving`), so
-    the response bodies and the errors are the server's."""
+    the response bodies and the errors are the server's, their ``system_fingerprint``
+    too (``fingerprint_mode`` and ``fingerprint_value`` as ``serve``'s flags, ``model`` the
+    served name it hashes).
+
+    Raises the server's ``InvalidRequestError`` for a bad fingerprint mode or value.
+    """
 
     def __init__(self, text_client: TextClient,
-                 tool_flags: Mapping[str, Any] | None = None) -> None:
+                 tool_flags: Mapping[str, Any] | None = None, *, model: str = "anyio-genout",
+                 fingerprint_mode: str = "full", fingerprint_value: str | None = None) -> None:
         self._text = text_client
         app, self._serving = _server()
+        from ..server.fingerprint import FingerprintMode, system_fingerprint
+
+        fingerprint = system_fingerprint(text_client, model_name=model,  # mode checked there
+                                         mode=cast("FingerprintMode", fingerprint_mode),
+                                         value=fingerprint_value)
         # The model is each body's (given, or run's --model): batch lines do not check it.
         self._server = self._serving.Serving(text_client=text_client, model_name="",
                                              max_n=app.MAX_N,
-                                             tool_serving=_tool_serving(tool_flags))
+                                             tool_serving=_tool_serving(tool_flags),
+                                             fingerprint=lambda: fingerprint)
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""

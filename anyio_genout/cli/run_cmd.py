@@ -46,7 +46,12 @@ from .run_input import (
 )
 from .run_output import EXIT_BAD_INPUT, Job, open_output, run_one
 from .run_resume import DoneIds, read_done
-from .serve_vllm import add_tool_options, check_tool_args
+from .serve_vllm import (
+    add_fingerprint_options,
+    add_tool_options,
+    check_fingerprint_args,
+    check_tool_args,
+)
 from .text_model import NO_TOKENIZER, add_model_option, load_tokenizer
 
 __all__ = ["BadLine", "DoneIds", "Job", "LineParser", "LineReader", "Scan", "add_parser",
@@ -85,6 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress lines while running (default: off)")
     add_tool_options(parser)
+    add_fingerprint_options(parser)
     add_model_option(parser)
     add_engine_options(parser)
     parser.set_defaults(command=run)
@@ -98,6 +104,11 @@ def _tool_flags(args: argparse.Namespace) -> dict[str, object]:
             "reasoning_parser": args.reasoning_parser}
 
 
+def _model_name(args: argparse.Namespace) -> str:
+    """The model OpenAI batch lines' responses name when a body names none."""
+    return str(args.model or args.vllm_model or args.model_name or "anyio-genout")
+
+
 async def run(args: argparse.Namespace) -> int:
     if args.resume and args.output == "-":
         raise UsageError("--resume needs an output file (it reads what an earlier run wrote)")
@@ -105,6 +116,7 @@ async def run(args: argparse.Namespace) -> int:
         raise UsageError("give the input file once: INPUT or -i/--input-file")
     args.input = args.input if args.input is not None else args.input_file
     check_tool_args(args)
+    check_fingerprint_args(args)
     source = open_input(args.input)
     try:
         if args.strict and not source.seekable():
@@ -137,7 +149,7 @@ async def _run(args: argparse.Namespace, source: BinaryIO) -> int:
             batch = first is not None and is_batch_line(first)
             if batch and tokenizer is None:
                 raise UsageError(f"OpenAI batch lines {NO_TOKENIZER}")
-            model = str(args.model or args.vllm_model or args.model_name or "anyio-genout")
+            model = _model_name(args)
             parser: LineParser | BatchParser = (
                 BatchParser(model, _tool_flags(args)) if batch
                 else LineParser(repeated, text=text))
@@ -187,7 +199,9 @@ async def _serve(args: argparse.Namespace, client: Client, lines: LineReader,
         job.restart()
         async with anyio.create_task_group() as tg:
             tg.start_soon(job.show)
-            runner = (BatchRunner(text_client, _tool_flags(args))
+            runner = (BatchRunner(text_client, _tool_flags(args), model=_model_name(args),
+                                  fingerprint_mode=args.fingerprint_mode,
+                                  fingerprint_value=args.fingerprint_value)
                       if isinstance(parser, BatchParser)
                       and text_client is not None else None)
             await run_all(client, lines, parser, done, args.concurrency, out, job,

@@ -137,7 +137,9 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              trust_request_chat_template=args.trust_request_chat_template,
                              enable_auto_tool_choice=args.enable_auto_tool_choice,
                              tool_call_parser=args.tool_call_parser,
-                             reasoning_parser=args.reasoning_parser)
+                             reasoning_parser=args.reasoning_parser,
+                             fingerprint_mode=args.fingerprint_mode,
+                             fingerprint_value=args.fingerprint_value)
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if args.allowed_origins:  # outermost: a preflight needs no key (as vLLM)
                 from starlette.middleware.cors import CORSMiddleware

@@ -24,11 +24,15 @@ from ..text.tokenizer import Tokenizer
 from .options import check_address
 from .text_model import load_tokenizer, tokenizer_folder
 
-__all__ = ["DEFAULT_RPC_PORT", "add_http_options", "add_tool_options", "check_tool_args",
+__all__ = ["DEFAULT_RPC_PORT", "FINGERPRINT_MODES", "add_fingerprint_options",
+           "add_http_options", "add_tool_options", "check_fingerprint_args", "check_tool_args",
            "check_vllm_args", "serve_tokenizer"]
 
 #: vLLM's ``--data-parallel-rpc-port`` default.
 DEFAULT_RPC_PORT = 29550
+#: vLLM's ``--fingerprint-mode`` choices (``anyio_genout.server.fingerprint``'s, spelled
+#: here so that parsing the flags needs no server extra).
+FINGERPRINT_MODES = ("full", "hash", "custom", "none")
 
 
 
@@ -82,7 +86,25 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
                             "starts (default: 20, vLLM's)")
+    add_fingerprint_options(parser)
     add_tool_options(parser)
+
+
+def add_fingerprint_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--fingerprint-mode`` and ``--fingerprint-value`` (``serve`` and ``run``, as
+    ``vllm serve`` and ``vllm run-batch`` take them)."""
+    group = parser.add_argument_group("system_fingerprint (responses)")
+    group.add_argument("--fingerprint-mode", choices=FINGERPRINT_MODES, default="full",
+                       help="the system_fingerprint responses carry: 'full' "
+                            "anyio-genout-<version>[-dpN]-<hash8> (hash8: of the served "
+                            "model name and folder, max_model_len, vocabulary size and "
+                            "engine count; vLLM's hashes its engine config, which a front "
+                            "end never gets), 'hash' without -dpN, 'custom' "
+                            "--fingerprint-value, 'none' no fingerprint (default: "
+                            "%(default)s, as vLLM's)")
+    group.add_argument("--fingerprint-value", metavar="TEXT",
+                       help="the fingerprint with --fingerprint-mode custom (needed then, "
+                            "refused otherwise; default: none)")
 
 
 def add_tool_options(parser: argparse.ArgumentParser) -> None:
@@ -105,12 +127,14 @@ def add_tool_options(parser: argparse.ArgumentParser) -> None:
 def check_vllm_args(args: argparse.Namespace) -> None:
     """Refuse what this server does not do, and resolve vLLM's spellings into its own.
 
-    Raises :class:`UsageError` (exit 2, one line): an unknown parser name; an engine flag
-    without engines this server starts; ``--data-parallel-address`` with
+    Raises :class:`UsageError` (exit 2, one line): an unknown parser name; a
+    ``--fingerprint-value`` without ``--fingerprint-mode custom`` or that without it; an
+    engine flag without engines this server starts; ``--data-parallel-address`` with
     ``--handshake-address``; an SSL file alone or unreadable; ``--uds`` with several
     server processes.
     """
     check_tool_args(args)
+    check_fingerprint_args(args)
     if args.data_parallel_address is not None or args.data_parallel_rpc_port is not None:
         if args.handshake_address is not None:
             raise UsageError("give --data-parallel-address/--data-parallel-rpc-port or "
@@ -171,6 +195,17 @@ def check_tool_args(args: argparse.Namespace) -> None:
         raise UsageError(f"{flag}: {exc.message}") from None
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise UsageError("--enable-auto-tool-choice requires --tool-call-parser")
+
+
+def check_fingerprint_args(args: argparse.Namespace) -> None:
+    """Refuse ``--fingerprint-mode custom`` without ``--fingerprint-value``, and a value
+    with another mode (vLLM sends no fingerprint for the first and ignores the second)."""
+    if args.fingerprint_mode == "custom" and args.fingerprint_value is None:
+        raise UsageError("--fingerprint-mode custom needs --fingerprint-value (the "
+                         "system_fingerprint responses carry)")
+    if args.fingerprint_mode != "custom" and args.fingerprint_value is not None:
+        raise UsageError(f"--fingerprint-value is used only with --fingerprint-mode custom "
+                         f"(the mode is {args.fingerprint_mode})")
 
 
 def _chat_template(value: str) -> str:
