@@ -41,8 +41,10 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _comparable(body: dict[str, Any]) -> dict[str, Any]:
-    """A response body without what differs between two runs of it (its id and time)."""
-    return {key: value for key, value in body.items() if key not in ("id", "created")}
+    """A response body without what differs between two runs of it (its id and time) and
+    between the two setups (the fingerprint: the server's and run's names and folders)."""
+    return {key: value for key, value in body.items()
+            if key not in ("id", "created", "system_fingerprint")}
 
 
 async def _server_answers(bodies: dict[str, tuple[str, dict[str, Any]]]
