@@ -1,9 +1,14 @@
-"""Sample logprobs with their token strings, as vLLM's logprobs processor decodes them.
+"""Sample and prompt logprobs with their token strings, as vLLM's logprobs processor decodes
+them.
 
 Each candidate id is decoded alone (:meth:`Tokenizer.token_strings`); a string that ends in
-U+FFFD (a character whose bytes a byte-fallback tokenizer split across tokens) is decoded
-again in the context of the up to 4 sampled tokens before its position, as vLLM's
-``LogprobsProcessor`` does (``vllm/v1/engine/logprobs.py``).
+U+FFFD (part of a character whose bytes are split across tokens) is decoded again in the
+context of the up to 4 tokens before its position, as vLLM 0.32's ``LogprobsProcessor``
+(``vllm/v1/engine/logprobs.py``, ``_verify_tokens``) does: the text it completes with them,
+or ``""`` when it completes none (always at the first position: no context there). For
+sample logprobs the context is the sampled tokens before the position; for prompt logprobs
+it is the prompt tokens of the rows before it, so the prompt's first token (which has no
+row) is never context.
 """
 
 from __future__ import annotations
@@ -51,8 +56,7 @@ class LogprobsDecoder:
             base = row * cols
             row_ids = flat[base:base + cols]
             row_strings = strings[base:base + cols]
-            if self._detokenize and recent and any(s.endswith(_REPLACEMENT)
-                                                   for s in row_strings):
+            if self._detokenize and any(s.endswith(_REPLACEMENT) for s in row_strings):
                 row_strings = self._tokenizer.token_strings(row_ids,
                                                             context=recent[-_CONTEXT:])
             result.append([TokenLogprob(row_ids[col], values[base + col],
@@ -67,8 +71,9 @@ class LogprobsDecoder:
 def prompt_logprob_rows(tokenizer: Tokenizer, logprobs: Logprobs, *,
                         detokenize: bool = True) -> list[list[TokenLogprob]]:
     """Prompt logprobs (one row per prompt position but the first: the prompt's token, then
-    the top ones) as :class:`TokenLogprob` lists, each id decoded alone as vLLM decodes
-    prompt logprobs (no context correction)."""
+    the top ones) as :class:`TokenLogprob` lists, each id decoded as vLLM decodes prompt
+    logprobs: alone, and a string ending in U+FFFD again in the context of the prompt
+    tokens of the up to 4 rows before (``""`` if it completes no character with them)."""
     ids = logprobs.token_ids
     if ids.ndim != 2 or not ids.shape[0]:
         return []
@@ -77,6 +82,13 @@ def prompt_logprob_rows(tokenizer: Tokenizer, logprobs: Logprobs, *,
     values: list[float] = logprobs.logprobs.ravel().tolist()
     ranks: list[int] = logprobs.ranks.tolist()
     strings = tokenizer.token_strings(flat) if detokenize else [""] * len(flat)
+    if detokenize:
+        for row in range(rows):
+            base = row * cols
+            if any(s.endswith(_REPLACEMENT) for s in strings[base:base + cols]):
+                context = flat[max(row - _CONTEXT, 0) * cols:base:cols]  # the rows' first ids
+                strings[base:base + cols] = tokenizer.token_strings(flat[base:base + cols],
+                                                                    context=context)
     return [[TokenLogprob(flat[row * cols + col], values[row * cols + col],
                           ranks[row] if col == 0 else col, strings[row * cols + col])
              for col in range(cols)] for row in range(rows)]
