@@ -16,8 +16,9 @@ the detokenizer fixes of :mod:`.detokenizer`:
 * On a match the text is cut (:mod:`.stop_strings`), the ids after the one that completed the
   match are dropped, and the decoder is finished (finish reason ``stop``, the stop string as
   its stop reason).
-* Text held back for stop strings, and bytes still pending in the detokenizer, are sent when
-  the output is finished; the flushed bytes count as text of the update's last token.
+* Text held back for stop strings is sent when the output is finished. Tokens still pending
+  in the detokenizer then (an unfinished character at the end) give no text, as in vLLM:
+  no trailing U+FFFD.
 * ``detokenize=False``: no text and no stop strings (stop strings are refused, as vLLM does).
 """
 
@@ -202,8 +203,8 @@ class TextDecoder:
     def update(self, token_ids: Sequence[int],
                finish_reason: FinishReason | None = None) -> TextStep:
         """Take one engine output's new ids; ``finish_reason``: the output's (None while the
-        request runs; on the terminal output, held-back text and pending bytes are sent and
-        :func:`stop_terminated` says whether its last token is text).
+        request runs; on the terminal output, held-back text is sent, pending bytes are dropped
+        and :func:`stop_terminated` says whether its last token is text).
 
         The step's ``finish_reason`` is ``finish_reason``, or ``stop`` with the stop string
         when one matched (then the decoder is finished even if the engine is not).
@@ -307,14 +308,7 @@ class TextDecoder:
         if skip_last:
             offsets.append(length)
         if finished:
-            rest = detok.flush()
-            if rest:  # the flushed bytes count as text of the update's last token
-                pieces.append(rest)
-                length += len(rest)
-                if count:
-                    offsets[-1] = length
-                else:
-                    offsets.append(length)
+            detok.finish()  # pending tokens (an unfinished character) give no text, as in vLLM
         new = "".join(pieces)
         if new:
             self._pieces.append(new)

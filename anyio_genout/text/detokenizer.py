@@ -3,16 +3,19 @@
 :class:`IncrementalDetokenizer` wraps ``tokenizers.decoders.DecodeStream`` exactly as vLLM
 0.32's fast path does (seeded with the prompt ids, ``skip_special_tokens``, the raw added-token
 text of ``spaces_between_special_tokens=False``, a bad id giving no text, the restart after the
-library's "invalid prefix" error), and fixes the three places where vLLM's text is wrong.
+library's "invalid prefix" error, no text for the tokens still pending at the end), and fixes
+the two places where vLLM's text is wrong.
 
 The guarantee. Let ``D(ids)`` be ``tokenizer.decode(ids, skip_special_tokens=...)``, ``P`` the
 prompt, ``O`` the output ids passed to :meth:`~IncrementalDetokenizer.step`, ``P0`` the longest
 prefix of ``P`` whose text does not end in U+FFFD (looked for among the last 16 cuts) and
 ``T = D(P)[k:]``, ``k`` the length of the common prefix of ``D(P)`` and ``D(P0)`` (what the
 prompt's unfinished tail shows: U+FFFD).
-Then the texts of all steps followed by :meth:`~IncrementalDetokenizer.flush` concatenate to
-``D(P + O)[len(D(P0)):]`` less its common prefix with ``T``; when ``D(P)`` ends cleanly this is
-simply ``D(P + O)[len(D(P)):]``. It holds as long as ``decode`` never rewrites text it already
+Then the texts of all steps concatenate to ``D(P + O')[len(D(P0)):]`` less its common prefix
+with ``T``, ``O'`` the longest prefix of ``O`` for which ``D(P + O')`` does not end in U+FFFD,
+or the empty one (the tokens after it, whose text never ended cleanly, give none: vLLM 0.32's
+rule, see :meth:`~IncrementalDetokenizer.finish`); when ``D(P)`` ends cleanly this is simply
+``D(P + O')[len(D(P)):]``. It holds as long as ``decode`` never rewrites text it already
 produced: always for byte-level BPE; for byte-fallback tokenizers unless a run of byte tokens
 that spelled characters is continued into invalid UTF-8 (``ByteFallback`` then turns the whole
 run, the characters included, into U+FFFD, which no stream can take back). A step's text is
@@ -26,8 +29,6 @@ Where vLLM differs:
   with the longest prompt prefix whose text ends cleanly, the rest of the prompt is fed as
   pending tokens, and the prompt's trailing U+FFFD chars are not repeated unless the output
   changes them (it completes the character).
-* Bytes still pending when the request ends: vLLM drops them; :meth:`flush` returns them
-  (as U+FFFD, like ``decode``).
 * The "invalid prefix" restart: vLLM restarts the stream empty with only the failing token,
   losing the pending tokens' text and, for decoders that strip the first space (``Strip``,
   ``Metaspace``), the token's leading space. Here the new stream is seeded with the last
@@ -37,8 +38,8 @@ Where vLLM differs:
 Byte-level BPE (a decoder that is exactly ``ByteLevel``: GPT-2, Llama 3, Qwen, the shipped
 tokenizer) does not go through ``DecodeStream``: each step appends the id's bytes from a
 :class:`~.byte_table.ByteTable` and decodes them once they end cleanly, which is what the
-stream emits for such a decoder (the same text step by step, ``flush`` included; tested
-against the stream with hypothesis), at a fraction of a step's cost. The prompt's corners
+stream emits for such a decoder (the same text step by step; tested against the stream
+with hypothesis), at a fraction of a step's cost. The prompt's corners
 above are handled the same way in both.
 """
 
@@ -182,14 +183,14 @@ class IncrementalDetokenizer:
 
     @property
     def finished(self) -> bool:
-        """True once :meth:`flush` was called."""
+        """True once :meth:`finish` was called."""
         return self._finished
 
     def step(self, token_id: int) -> str:
         """The text new with this token (``""`` while a character is incomplete).
 
         A bad id (negative, too large for the library, not an int) gives ``""``.
-        Raises RuntimeError after :meth:`flush`.
+        Raises RuntimeError after :meth:`finish`.
         """
         if self._plain:  # byte-level: a token that decodes on its own, or the bytes
             if not self._held:
@@ -204,31 +205,20 @@ class IncrementalDetokenizer:
             return self._slow_step(token_id)
         return self._stream_step(token_id)
 
-    def flush(self) -> str:
-        """The text of the bytes still pending at the end (U+FFFD, as ``decode`` gives them).
-
-        The detokenizer is finished afterwards.
+    def finish(self) -> None:
+        """The request ended: the tokens still pending (whose text does not end cleanly: an
+        unfinished character, or invalid bytes, at the end) give no text, as vLLM 0.32 gives
+        none (its ``DecodeStream`` step returned None for them and nothing flushes it).
+        A whole character that came with them in the same token is dropped too, as vLLM
+        drops it: a byte-level token such as ``b" \\xd0"`` (a space and a Cyrillic lead byte)
+        shows nothing, not even the space, unless a later token finishes its character.
+        The detokenizer takes no more tokens afterwards.
         """
-        if self._finished:
-            return ""
         self._finished = True
         self._slow = True
         self._plain = False
-        if self._raw is not None:
-            held, self._held = self._held, b""
-            return self._strip_tail(held.decode(errors="replace")) if held else ""
-        if not self._pending:
-            return ""
-        decode = self._tokenizer.decode
-        context, pending, skip = self._context_ids(), self._pending, self._skip
-        prefix = decode(context, skip_special_tokens=skip)
-        whole = decode(context + pending, skip_special_tokens=skip)
-        if not whole.startswith(prefix):  # decode rewrote emitted text: decode after a break
-            context = context + self._separator()
-            prefix = decode(context, skip_special_tokens=skip)
-            whole = decode(context + pending, skip_special_tokens=skip)
+        self._held = b""
         self._pending = []
-        return self._strip_tail(whole[len(prefix):])
 
     # -- internals ------------------------------------------------------------------------
 
@@ -291,7 +281,7 @@ class IncrementalDetokenizer:
 
     def _slow_step(self, token_id: int) -> str:
         if self._finished:
-            raise RuntimeError("the detokenizer was flushed: it takes no more tokens")
+            raise RuntimeError("the detokenizer is finished: it takes no more tokens")
         text = self._plain_step(token_id)
         if self._tail_text and text:
             text = self._strip_tail(text)

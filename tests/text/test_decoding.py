@@ -18,6 +18,7 @@ from tests.text.tokenizer_kinds import KINDS, load, reference_text
 
 EXAMPLES = settings(max_examples=120, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
+REPLACEMENT = "\ufffd"
 TEXT = "Fog from noon, 霧が出た 🌫️; horn sounded four hours. No ships seen. Fin."
 
 
@@ -102,13 +103,89 @@ def test_a_stop_terminated_last_token_is_not_detokenized_unless_included() -> No
         TextStep("done!", 5, None, FinishReason.STOP)]
 
 
-def test_the_finish_sends_the_held_text_and_the_pending_bytes() -> None:
+def test_the_finish_sends_the_held_text_but_no_unfinished_character() -> None:
     tok = load("byte_level")
     ids = tokens("byte_level", "ok 😀")
+    assert tok.decode(ids[:-1]) == "ok " + REPLACEMENT
     decoder = TextDecoder(tok, [1], stop=("zzzz",))
     steps = feed(decoder, [*one_by_one(ids[:-2]), ids[-2:-1]])  # the last byte never comes
-    assert "".join(s.text for s in steps) == decoder.text == tok.decode(ids[:-1])
-    assert decoder.text.endswith("\ufffd")  # vLLM drops the pending bytes
+    # vLLM's text: the space came in the token " \xf0\x9f", whose text never ended cleanly.
+    assert "".join(s.text for s in steps) == decoder.text == "ok"
+    assert [s.keep for s in steps] == [1] * (len(ids) - 1)
+
+
+#: (prompt, steps, options, each step's (text, stop string), the text, the kept ids): what
+#: vLLM 0.32's own detokenizer (``FastIncrementalDetokenizer`` + ``get_next_output_text``,
+#: driven as its output processor drives them) gives with the shipped tokenizer. The last
+#: step finishes the request (on EOS with ``terminated``, else on its length). 165 is the
+#: lone byte E4 (a 3-byte lead), 121 the byte B8, 305 " \xd0" (a space and a Cyrillic lead
+#: byte), 479 " are", 542 "raw", 464 "ind", 1003 "You", 2 "</s>" (EOS).
+VLLM_FINISHES = {
+    # The serve differential's prompt [1, 5, 6], max_tokens 8: vLLM "\ufffd arerawindYouraw",
+    # this layer was "...raw\ufffd". Its output ids are not in the differential's answers:
+    # these ones spell the same text (a lead byte cut by " are", then an unfinished 中).
+    "serve-differential": (
+        [1, 5, 6], [[165], [479], [542], [464], [1003], [542], [165], [121]], {},
+        [("", None), ("\ufffd are", None), ("raw", None), ("ind", None), ("You", None),
+         ("raw", None), ("", None), ("", None)],
+        "\ufffd arerawindYouraw", [165, 479, 542, 464, 1003, 542, 165, 121]),
+    "serve-differential-one-step": (
+        [1, 5, 6], [[165, 479, 542, 464, 1003, 542, 165, 121]], {},
+        [("\ufffd arerawindYouraw", None)], "\ufffd arerawindYouraw",
+        [165, 479, 542, 464, 1003, 542, 165, 121]),
+    "an-empty-last-step": (
+        [1, 5, 6], [[542], [165], []], {}, [("raw", None), ("", None), ("", None)],
+        "raw", [542, 165]),
+    "held-back-for-a-stop-string": (
+        [1, 5, 6], [[542], [464], [165]], {"stop": ("zzzz",)},
+        [("", None), ("raw", None), ("ind", None)], "rawind", [542, 464, 165]),
+    "stop-string-included": (
+        [1, 5, 6], [[542], [464], [165]], {"stop": ("zzzz",), "include": True},
+        [("raw", None), ("ind", None), ("", None)], "rawind", [542, 464, 165]),
+    "a-match-in-the-last-step": (
+        [1, 5, 6], [[542], [464, 165]], {"stop": ("ind",)},
+        [("r", None), ("aw", "ind")], "raw", [542, 464]),
+    "no-match-on-a-space-that-never-shows": (
+        [1, 5, 6], [[542], [305]], {"stop": ("w ",)},
+        [("ra", None), ("w", None)], "raw", [542, 305]),
+    "no-match-on-a-space-that-never-shows-included": (
+        [1, 5, 6], [[542], [305]], {"stop": ("w ",), "include": True},
+        [("raw", None), ("", None)], "raw", [542, 305]),
+    "eos-after-an-unfinished-character": (
+        [1, 5, 6], [[542], [165], [2]], {"terminated": True},
+        [("raw", None), ("", None), ("", None)], "raw", [542, 165, 2]),
+    "eos-included-and-skipped": (
+        [1, 5, 6], [[542], [165], [2]], {"terminated": True, "include": True},
+        [("raw", None), ("", None), ("", None)], "raw", [542, 165, 2]),
+    "eos-included-and-kept-ends-the-character": (
+        [1, 5, 6], [[542], [165], [2]], {"terminated": True, "include": True, "skip": False},
+        [("raw", None), ("", None), ("\ufffd</s>", None)], "raw\ufffd</s>", [542, 165, 2]),
+    "min-tokens-then-eos": (
+        [1, 5, 6], [[542], [464], [165, 2]], {"terminated": True, "min_tokens": 3,
+                                              "stop": ("raw",)},
+        [("r", None), ("awi", None), ("nd", None)], "rawind", [542, 464, 165, 2]),
+    "min-tokens-then-a-match-before-the-unfinished-character": (
+        [1, 5, 6], [[542], [464], [542, 165]], {"min_tokens": 2, "stop": ("raw",)},
+        [("r", None), ("awi", None), ("nd", "raw")], "rawind", [542, 464, 542]),
+    "min-tokens-included-eos": (
+        [1], [[542, 464], [165, 2]], {"terminated": True, "include": True, "min_tokens": 1,
+                                      "stop": ("d",)},
+        [("rawind", "d")], "rawind", [542, 464]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_FINISHES))
+def test_the_finish_gives_what_vllm_gives_for_an_unfinished_character(name: str) -> None:
+    prompt, steps, options, expected_steps, expected_text, expected_kept = VLLM_FINISHES[name]
+    decoder = TextDecoder(load("byte_level"), prompt, stop=options.get("stop", ()),
+                          include_stop_str_in_output=bool(options.get("include", False)),
+                          min_tokens=int(options.get("min_tokens", 0)),
+                          skip_special_tokens=bool(options.get("skip", True)))
+    got = feed(decoder, steps, stop_terminated=bool(options.get("terminated", False)))
+    assert [(g.text, g.stop_string) for g in got] == expected_steps
+    assert decoder.text == expected_text
+    assert [t for s, g in zip(steps, got, strict=False) for t in s[:g.keep]] == expected_kept
+    assert got[-1].finished
 
 
 def test_without_detokenize_there_is_no_text_and_stop_strings_are_refused() -> None:

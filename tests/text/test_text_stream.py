@@ -83,6 +83,36 @@ async def test_multi_byte_characters_never_show_half_decoded(per_step: bool) -> 
         assert "" in deltas[:-1]  # held, not mangled
 
 
+def cut_inside_a_character() -> tuple[str, int]:
+    """(a prompt, a max_tokens) whose greedy continuation ends inside a character."""
+    for prompt in (f"Story {i}:" for i in range(500)):
+        ids = predicted(prompt_ids(prompt), 40)
+        for count in range(8, 40):
+            if decoded(ids[:count]).endswith("\ufffd"):
+                return prompt, count
+    raise AssertionError("no continuation ends inside a character")
+
+
+@pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
+async def test_a_character_cut_by_max_tokens_is_not_shown_as_vllm_shows_none(
+        per_step: bool) -> None:
+    prompt, count = cut_inside_a_character()
+    ids = predicted(prompt_ids(prompt), count)
+    clean = max(n for n in range(count) if not decoded(ids[:n]).endswith("\ufffd"))
+    async with text_client() as setup:
+        request = TextRequest(prompt=prompt, sampling_params=greedy(count))
+        async with setup.text.generate(request, per_step=per_step) as stream:
+            outs = [out async for out in stream]
+        async with setup.text.generate(request) as stream:
+            whole = await stream.collect_text()
+    deltas = [out.text for out in outs]
+    # vLLM's text: up to the last token whose text ended cleanly, no trailing U+FFFD.
+    assert "".join(deltas) == whole.text == decoded(ids[:clean])
+    assert not any("\ufffd" in delta for delta in deltas)
+    assert [t for out in outs for t in out.token_ids] == list(whole.token_ids) == ids
+    assert outs[-1].finish_reason == whole.finish_reason == FinishReason.LENGTH
+
+
 async def test_a_stop_string_mid_stream_truncates_and_aborts_once_counted_as_stop() -> None:
     full, start, stop = mid_stream_stop()
     ids = predicted(prompt_ids(), 60)

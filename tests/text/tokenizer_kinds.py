@@ -141,14 +141,22 @@ def reference_text(tok: Tokenizer, prompt: list[int], output: list[int], skip: b
     """The output's text by the detokenizer's guarantee, from full decodes only.
 
     With ``P0`` the longest prompt prefix whose text ends cleanly and ``T`` what the rest of the
-    prompt shows after it: ``decode(prompt + output)`` after ``decode(P0)``, less its common
+    prompt shows after it: ``decode(prompt + output')`` after ``decode(P0)``, less its common
     prefix with ``T`` (the prompt's unfinished tail is not repeated unless the output changes
-    it). Raises AssertionError if the decode does not start with ``decode(P0)``.
+    it), ``output'`` the longest prefix of ``output`` whose decode with the prompt ends
+    cleanly (the tokens after it, an unfinished character at the end, give no text, as in
+    vLLM). Raises AssertionError if the decode does not start with ``decode(P0)``.
     """
-    seed = tok.decode(prompt[:clean_cut(tok, prompt, skip)], skip_special_tokens=skip)
-    whole = tok.decode(prompt, skip_special_tokens=skip)
+    def decode(ids: list[int]) -> str:
+        return str(tok.decode([t for t in ids if 0 <= t < 2**32], skip_special_tokens=skip))
+
+    end = len(output)
+    while end and decode(prompt + output[:end]).endswith("\ufffd"):
+        end -= 1
+    seed = decode(prompt[:clean_cut(tok, prompt, skip)])
+    whole = decode(prompt)
     tail = whole[common_prefix(whole, seed):]
-    full = tok.decode([t for t in prompt + output if 0 <= t < 2**32], skip_special_tokens=skip)
+    full = decode(prompt + output[:end])
     assert full.startswith(seed), (full, seed)
     text = full[len(seed):]
     return text[common_prefix(text, tail):]
