@@ -135,7 +135,8 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
 
     ``variables`` are what transformers passes besides the messages: the special tokens
     (``bos_token``, ...) and the caller's extra keyword arguments; ``tools`` and
-    ``documents`` default to None.
+    ``documents`` default to None. A template that does not name the ``developer`` role
+    gets developer messages as system ones, as vLLM gives them (:func:`developer_as_system`).
 
     Raises:
         ChatTemplateError: the template does not parse, or raised while rendering (calling
@@ -145,6 +146,7 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
             (``"value"``) is larger than allowed; it was stopped and its result dropped.
     """
     template = compile_template(source)
+    messages = developer_as_system(source, messages)
     variables = dict(variables)
     continue_final = bool(variables.pop("continue_final_message", False))
     context = {"tools": None, "documents": None, **variables, "messages": messages,
@@ -165,6 +167,27 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
     except Exception as exc:
         raise _render_error(source, exc) from exc
     return _continue_final(rendered, messages) if continue_final else rendered
+
+
+def developer_as_system(source: str, messages: Sequence[Mapping[str, Any]]
+                        ) -> Sequence[Mapping[str, Any]]:
+    """``messages`` as vLLM's ``safe_apply_chat_template`` gives them to a template
+    (``source``) that does not name the ``developer`` role (no ``'developer'`` or
+    ``"developer"`` in it): each developer message a system one, and then, when a system
+    message is not first or there are several, all system messages merged into one first
+    (their non-empty contents joined by a blank line). Other messages, and templates that
+    name the role, are left as they are."""
+    if (not any(m.get("role") == "developer" for m in messages)
+            or "'developer'" in source or '"developer"' in source):
+        return messages
+    converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"}
+                 if m.get("role") == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if not systems or systems == [0]:
+        return converted
+    contents = [str(converted[i].get("content") or "") for i in systems]
+    merged = {"role": "system", "content": "\n\n".join(c for c in contents if c)}
+    return [merged, *(m for m in converted if m.get("role") != "system")]
 
 
 def _continue_final(rendered: str, messages: Sequence[Mapping[str, Any]]) -> str:
