@@ -34,10 +34,11 @@ _R: Final = REFUSED
 REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "model": (_I, "checked against the served model name"),
     "prompt": (_I, "a string, token ids, or a list of several"),
-    "messages": (_I, "through the chat template; roles system, developer, user, assistant, tool"),
+    "messages": (_I, "through the chat template; roles system, developer (a system message "
+                 "for a template that does not name it, as vLLM), user, assistant, tool"),
     "stream": (_I, "server-sent events"),
-    "stream_options": (_I, "include_usage"),
-    "n": (_I, "child requests; n > 1 refused with temperature 0 as vLLM does"),
+    "stream_options": (_I, "include_usage; refused without stream=true as vLLM does"),
+    "n": (_I, "child requests; n > 1 refused with temperature 0 as vLLM does (param null)"),
     "temperature": (_I, ""), "top_p": (_I, ""), "top_k": (_I, ""), "min_p": (_I, ""),
     "seed": (_I, ""), "presence_penalty": (_I, ""), "frequency_penalty": (_I, ""),
     "repetition_penalty": (_I, ""), "min_tokens": (_I, ""), "ignore_eos": (_I, ""),
@@ -48,8 +49,10 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "prompt_logprobs": (_I, "in the whole response; refused with stream as vLLM does"),
     "logit_bias": (_I, "token id (as a string) to bias, clamped to [-100, 100] as vLLM"),
     "allowed_token_ids": (_I, ""),
-    "echo": (_I, "completions: the prompt first; chat: the last message's content first"),
-    "add_generation_prompt": (_I, "passed to the chat template"),
+    "echo": (_I, "completions: the prompt first; chat: the last message's content first, "
+             "and the prompt's logprobs in the whole response, as vLLM"),
+    "add_generation_prompt": (_I, "passed to the chat template; false: the answer has the "
+                              "last message's role, as vLLM"),
     "continue_final_message": (_I, "no generation prompt, cut after the last message"),
     "documents": (_I, "the chat template's documents variable"),
     "chat_template": (_I, "only with --trust-request-chat-template"),
@@ -138,7 +141,6 @@ RESPONSE_FIELDS: Final[Mapping[str, str]] = {
         ("ChatCompletionStreamResponse", "prompt_text"),
         ("CompletionResponseChoice", "prompt_token_ids"),
         ("CompletionResponseChoice", "token_ids"),
-        ("CompletionResponseStreamChoice", "prompt_token_ids"),
         ("CompletionResponseStreamChoice", "token_ids"),
         ("ChatCompletionResponseChoice", "token_ids"),
         ("ChatCompletionResponseStreamChoice", "token_ids"))},
@@ -148,6 +150,8 @@ RESPONSE_FIELDS: Final[Mapping[str, str]] = {
         "CompletionResponse", "ChatCompletionResponse")},
     "ChatCompletionResponse.prompt_logprobs": "sent",
     "CompletionResponseChoice.prompt_logprobs": "sent",
+    "CompletionResponseStreamChoice.prompt_token_ids": "sent with echo, on each choice's "
+    "first chunk (the prompt's ids), as vLLM",
     **{f"{m}.{f}": "sent" for m, fs in (
         ("CompletionResponseChoice", ("index", "text", "logprobs", "finish_reason",
                                       "stop_reason")),

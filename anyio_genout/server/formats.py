@@ -101,7 +101,8 @@ class Format:
     def api_error(self, exc: GenoutError) -> ApiError:
         """The HTTP answer to ``exc`` (:func:`~.errors.error_for`), its ``param`` named as
         vLLM names it on this route (a prompt too long for the context: ``input_tokens``;
-        chat's logprobs count: ``top_logprobs``)."""
+        a logprobs count above the engines' limit: ``logprobs`` on both routes, chat's
+        ``top_logprobs`` too, as vLLM's SamplingParams names it)."""
         error = error_for(exc)
         if error.param is not None and error.param in self.params:
             error.param = self.params[error.param]
@@ -291,8 +292,10 @@ class CompletionFormat(Format):
             self._echoed.add(index)
             text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
                                            out.prompt_token_ids, out.prompt_logprobs)
-            return self.envelope(self.object_chunk,
-                                 [self._choice(text, rows, out.finish_reason, index)])
+            choice = self._choice(text, rows, out.finish_reason, index)
+            # vLLM's echo chunk carries the prompt's ids (its first chunk of each choice).
+            choice["prompt_token_ids"] = list(out.prompt_token_ids or ())
+            return self.envelope(self.object_chunk, [choice])
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         return self.envelope(self.object_chunk,
@@ -325,18 +328,20 @@ class ChatFormat(Format):
     begins with it (a chunk of its own after the role's, when streamed, as vLLM sends it).
     With ``parsing`` the output is read for reasoning and tool calls (``message.reasoning``
     and ``message.tool_calls``; streamed, ``delta.reasoning`` and ``delta.tool_calls``
-    pieces), each streamed choice through its own parser state."""
+    pieces), each streamed choice through its own parser state. ``role`` is the answer's
+    (``message.role``, the first chunk's ``delta.role``): vLLM's ``get_chat_request_role``.
+    """
 
     object_whole = "chat.completion"
     object_chunk = "chat.completion.chunk"
-    params: Mapping[str, str] = {**Format.params, "logprobs": "top_logprobs"}
 
     def __init__(self, response_id: str, model: str, top: int | None, *,
                  constraint: str | None = None, prompt_logprobs: bool = False,
                  token_ids: bool = False, echo_text: str | None = None,
-                 parsing: ChatParsing | None = None) -> None:
+                 parsing: ChatParsing | None = None, role: str = "assistant") -> None:
         super().__init__(response_id, model, top, constraint=constraint,
                          prompt_logprobs=prompt_logprobs, token_ids=token_ids)
+        self.role = role
         self._echo_text = echo_text or ""
         self._parsing = parsing
         self._parse_streams: dict[int, ChatStream] = {}  # by choice index
@@ -359,7 +364,7 @@ class ChatFormat(Format):
 
     def first_chunks(self, n: int) -> list[dict[str, Any]]:
         first = [self.envelope(self.object_chunk, [
-            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            {"index": i, "delta": {"role": self.role, "content": ""}, "logprobs": None,
              "finish_reason": None}]) for i in range(n)]
         if self._echo_text:
             first += [self.envelope(self.object_chunk, [
@@ -420,7 +425,7 @@ class ChatFormat(Format):
         finish, stop = self._finish(out.finish_reason)
         parsing = self._parsing
         if parsing is None:
-            return {"index": index, "message": {"role": "assistant",
+            return {"index": index, "message": {"role": self.role,
                                                 "content": self._echo_text + out.text},
                     "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
                     "stop_reason": stop}
@@ -428,7 +433,7 @@ class ChatFormat(Format):
         content = parsed.content
         if self._echo_text:
             content = self._echo_text + (content or "")
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if parsing.shows_reasoning_field:
             message["reasoning"] = parsed.reasoning
         if parsed.tool_calls:

@@ -22,6 +22,11 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
+    """``stream_options``: given (not ``{}``) only with ``stream`` true, as vLLM's
+    validator has it; its other keys are kept (``model_extra``) for that check alone."""
+
+    model_config = ConfigDict(extra="allow")
+
     include_usage: bool = False
 
 
@@ -96,7 +101,8 @@ class ChatCompletionRequest(_Sampling):
 
     model_config = ConfigDict(extra="allow")
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    #: Not empty: checked in :mod:`.requests` (param null, as vLLM's template refusal).
+    messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False

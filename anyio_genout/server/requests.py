@@ -15,6 +15,7 @@ import attrs
 
 from ..errors import GenoutError, InvalidRequestError
 from ..protocol import SamplingParams, StructuredOutputsParams, validation
+from ..text.chat_template import ROLES
 from ..text.request import TextRequest
 from .errors import ApiError, error_for
 from .fields import check_fields
@@ -22,7 +23,7 @@ from .formats import ChatFormat, CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
 
-__all__ = ["Choices", "chat_choices", "chat_request", "check_max_tokens", "check_n",
+__all__ = ["Choices", "chat_choices", "chat_request", "chat_role", "check_max_tokens", "check_n",
            "check_unicode", "choices", "completion_choices", "template_kwargs"]
 
 
@@ -106,13 +107,23 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def _check_body(body: CompletionRequest | ChatCompletionRequest, *, chat: bool) -> None:
-    """The checks vLLM's request models make across fields (and :func:`check_fields`)."""
+    """The checks vLLM's request models make across fields (and :func:`check_fields`).
+
+    ``param`` is vLLM's: the field its validator names (``stream_options``,
+    ``prompt_logprobs``), or None where vLLM's check names none (``n`` with greedy
+    sampling: its SamplingParams raises without a parameter); the message names the field."""
     check_fields(body.model_extra, chat=chat)
+    options = body.stream_options
+    if options is not None and not body.stream and (options.model_fields_set
+                                                    or options.model_extra):
+        # vLLM's validate_stream_options: a non-empty object (``{}`` passes, as there).
+        raise ApiError(400, "invalid request: stream_options: Stream options can only be "
+                       "defined when `stream=True`.", "stream_options")
     if body.prompt_logprobs is not None and body.stream and body.prompt_logprobs != 0:
         raise ApiError(400, "invalid request: prompt_logprobs: `prompt_logprobs` are not "
                        "available when `stream=True`.", "prompt_logprobs")
     if body.n > 1 and body.temperature is not None and body.temperature < _GREEDY:
-        raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}.", "n")
+        raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}.")
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
@@ -221,6 +232,8 @@ class Choices:
     echo_text: str | None = None
     #: Chat: how the output is read for reasoning and tool calls (None: plain text).
     parsing: ChatParsing | None = None
+    #: Chat: the answer's role (vLLM's ``get_chat_request_role``, :func:`chat_role`).
+    role: str = "assistant"
 
     def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
         """The response format (``decode`` gives the echoed text of token-id prompts)."""
@@ -228,7 +241,7 @@ class Choices:
             return ChatFormat(self.response_id, model, self.logprobs,
                               constraint=self.constraint, prompt_logprobs=self.prompt_logprobs,
                               token_ids=self.token_ids, echo_text=self.echo_text,
-                              parsing=self.parsing)
+                              parsing=self.parsing, role=self.role)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
                                 n=self.n, decode=decode, constraint=self.constraint,
                                 prompt_logprobs=self.prompt_logprobs,
@@ -301,7 +314,12 @@ def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int 
     ``max_model_len`` (None: not checked here), a request's own chat template only if
     ``trust_request_chat_template``; ``tools`` and ``tool_choice`` served with
     ``tool_serving``'s parsers (None: none, ``tool_choice="auto"`` refused). Raises
-    ApiError (400) naming the field."""
+    ApiError (400) naming the field.
+
+    As vLLM's: ``echo`` without ``prompt_logprobs`` asks for ``top_logprobs`` (0 unset)
+    prompt logprobs, which the whole response shows (top-level ``prompt_logprobs``); the
+    answer's role is :func:`chat_role`.
+    """
     _check_body(body, chat=True)
     check_n(body.n, max_n)
     if max_model_len is not None:
@@ -314,18 +332,43 @@ def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int 
         constraint = "tool_choice"
     return Choices(request.request_id, choices(request, body.n), body.n,
                    request.sampling_params.logprobs, chat=True, constraint=constraint,
-                   prompt_logprobs=body.prompt_logprobs is not None,
+                   prompt_logprobs=request.sampling_params.prompt_logprobs is not None,
                    token_ids=bool(body.return_tokens_as_token_ids),
-                   echo_text=_echo_text(body) if body.echo else None, parsing=plan.parsing)
+                   echo_text=_echo_text(body) if body.echo else None, parsing=plan.parsing,
+                   role=chat_role(body))
+
+
+def _check_messages(messages: list[dict[str, Any]]) -> None:
+    """What vLLM refuses only when its chat template is applied (so with ``param`` None,
+    the field named in the message): no messages (transformers' refusal, in its words),
+    and a role the template does not know; ours are the roles of
+    :data:`~anyio_genout.text.chat_template.ROLES`, whatever the template."""
+    if not messages:
+        raise ApiError(400, "invalid request: messages: Cannot apply chat template to an "
+                       "empty conversation. Provide at least one message.")
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if isinstance(role, str) and role not in ROLES:
+            raise ApiError(400, f"invalid request: messages[{i}].role: must be one of "
+                           f"{', '.join(ROLES)}, not {role!r}")
+
+
+def chat_role(body: ChatCompletionRequest) -> str:
+    """The answer's role (``message.role``, the streamed ``delta.role``), as vLLM's
+    ``get_chat_request_role``: ``assistant`` with a generation prompt, else the last
+    message's role (the model goes on with that message)."""
+    if body.add_generation_prompt or not body.messages:
+        return "assistant"
+    role = body.messages[-1].get("role")
+    return role if isinstance(role, str) else "assistant"
 
 
 def _echo_text(body: ChatCompletionRequest) -> str:
     """vLLM's chat ``echo``: the last message's content, when its role is the answer's
-    (``assistant`` with a generation prompt, else the last message's own)."""
+    (:func:`chat_role`)."""
     last = body.messages[-1]
-    role = "assistant" if body.add_generation_prompt else last.get("role")
     content = last.get("content")
-    if last.get("role") != role or not content:
+    if last.get("role") != chat_role(body) or not content:
         return ""
     if isinstance(content, list):
         return "\n".join(part["text"] for part in content
@@ -360,6 +403,7 @@ def chat_request(body: ChatCompletionRequest, *, trust_request_chat_template: bo
 
 def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool,
                   tool_serving: ToolServing) -> tuple[TextRequest, ToolPlan]:
+    _check_messages(body.messages)
     check_unicode(body.messages, "messages")
     check_unicode(body.tools, "tools")
     kwargs = template_kwargs(body.chat_template, body.chat_template_kwargs,
@@ -371,6 +415,9 @@ def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool
     plan = plan_tools(body, tool_serving, template_kwargs=kwargs,
                       constraint=_constraint(body))
     params = _sampling(body, body.max_completion_tokens or body.max_tokens, top)
+    if body.echo and body.prompt_logprobs is None:
+        # vLLM's to_sampling_params: echo asks the prompt's logprobs, top_logprobs of them.
+        params = attrs.evolve(params, prompt_logprobs=body.top_logprobs or 0)
     if plan.schema is not None:  # required / a named function: JSON, as vLLM builds it
         params = attrs.evolve(params, structured_outputs=StructuredOutputsParams(
             json=plan.schema))

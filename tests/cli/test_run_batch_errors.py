@@ -1,8 +1,8 @@
 """An OpenAI batch line that ``anyio-genout run`` refuses fails with exactly the error the
 server answers for the same body: the same status, message, type and ``param`` (a field with
 a union type named without pydantic's member tags, ``prompt`` not ``prompt.str``; vLLM's
-names, ``top_logprobs`` and ``input_tokens``), whether the line fails as it is read (the
-body's model) or as it runs (the engines' limits)."""
+names, ``logprobs`` for chat's ``top_logprobs`` and ``input_tokens``), whether the line
+fails as it is read (the body's model) or as it runs (the engines' limits)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     (COMPLETIONS_URL, {"prompt": "hi", "logprobs": -1, "max_tokens": 2}, "logprobs"),
     (COMPLETIONS_URL, {"prompt": "hi", "logprobs": 50, "max_tokens": 2}, "logprobs"),
     (CHAT_URL, {"messages": MESSAGES, "logprobs": True, "top_logprobs": 50, "max_tokens": 2},
-     "top_logprobs"),
+     "logprobs"),
     # what needs the engines and the tokenizer: checked as the line runs
     (COMPLETIONS_URL, {"prompt": [1, 2, 10**6], "max_tokens": 2}, "prompt[2]"),
     (COMPLETIONS_URL, {"prompt": "hi", "max_tokens": 10**7}, "max_tokens"),
