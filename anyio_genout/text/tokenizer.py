@@ -273,9 +273,10 @@ class Tokenizer:
         ``""`` for ids the tokenizer does not know.
 
         ``context`` makes them what vLLM's logprobs processor gives for one position: the
-        sampled tokens before it in the output (oldest first; ``[]`` at the first output
-        position). A string ending in U+FFFD (part of a character, from byte fallback) is
-        then replaced by the text it completes with up to the last 4 of them, or ``""``.
+        tokens before it, oldest first (the sampled ones for sample logprobs, ``[]`` at the
+        first output position; the prompt tokens of the rows before for prompt logprobs).
+        A string ending in U+FFFD (part of a character) is then replaced by the text it
+        completes with up to the last 4 of them, or ``""``.
         """
         strings = [self._token_string(token_id) for token_id in token_ids]
         if context is not None:
