@@ -58,6 +58,7 @@ from anyio_genout.protocol import (
     encode_outputs,
 )
 from anyio_genout.protocol.request_decode import AddRequest
+from anyio_genout.testing import capture_input, deliver_output
 
 PROMPT = tuple(range(4, 20))
 
@@ -68,7 +69,7 @@ class FakeEngine:
     def __init__(self, client: Client, steps_per_yield: int) -> None:
         self.engine = client.engine
         self.sent: list[Any] = []
-        self.engine.capture_input(self.sent.append)
+        capture_input(self.engine, self.sent.append)
         self.running: dict[str, list[int]] = {}
         self.steps_per_yield = steps_per_yield
         self.own_time = 0.0
@@ -102,7 +103,7 @@ class FakeEngine:
             frames = [zmq.Frame(bytes(part)) for part in
                       encode_outputs(EngineCoreOutputs(0, outputs, timestamp=float(step)))]
             self.own_time += time.thread_time() - started
-            self.engine.deliver_output(frames)
+            deliver_output(self.engine, frames)
             if step % self.steps_per_yield == 0:
                 await anyio.lowlevel.checkpoint()
 

@@ -1,10 +1,11 @@
 """docs/api.md documents the whole public API, and cannot fall behind the code.
 
 The public API is every name in the ``__all__`` of ``anyio_genout`` and of its public
-subpackages :mod:`anyio_genout.metrics`, :mod:`anyio_genout.mock` and
-:mod:`anyio_genout.vllm`. Each name needs an entry in docs/api.md: a heading that names it in
-a code span (``### `GenerateRequest` ``; one heading may name several). An entry runs to the
-next heading of its level or above, and must mention in code spans, read from the code:
+modules :mod:`anyio_genout.metrics`, :mod:`anyio_genout.mock`, :mod:`anyio_genout.testing`,
+:mod:`anyio_genout.text` and :mod:`anyio_genout.vllm`. Each name needs an entry in
+docs/api.md: a heading that names it in a code span (``### `GenerateRequest` ``; one heading
+may name several). An entry runs to the next heading of its level or above, and must
+mention in code spans, read from the code:
 
 * an attrs class: every field (``attrs.fields``);
 * any other class: its constructor's parameters (``inspect.signature``), unless users never
@@ -14,6 +15,8 @@ next heading of its level or above, and must mention in code spans, read from th
 * a function: every parameter.
 
 So a field, parameter or method added to the code fails here until the reference has it.
+``EngineCoreClient``'s entry is checked both ways: it lists its public members, no fewer and
+no more (:func:`surface_drift`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 API_DOC = ROOT / "docs" / "api.md"
-MODULES = ("anyio_genout", "anyio_genout.metrics", "anyio_genout.mock", "anyio_genout.text",
-           "anyio_genout.vllm")
+MODULES = ("anyio_genout", "anyio_genout.metrics", "anyio_genout.mock", "anyio_genout.testing",
+           "anyio_genout.text", "anyio_genout.vllm")
 
 #: Classes users get from the library and never construct: their constructors are internal.
 NOT_CONSTRUCTED = {
@@ -147,6 +150,38 @@ def problems(text: str, api: dict[str, Any]) -> list[str]:
 
 def test_every_public_name_is_documented_with_its_fields_and_parameters() -> None:
     assert problems(API_DOC.read_text(encoding="utf-8"), public_api()) == []
+
+
+_LISTED_MEMBER = re.compile(r"\*\*`(?:async )?(\w+)[(`]|^\| `(\w+)` \|", re.MULTILINE)
+
+
+def listed_members(entry: str) -> set[str]:
+    """The members an entry lists: its bold ``**`name(...)`**`` items and its table rows."""
+    return {first or second for first, second in _LISTED_MEMBER.findall(entry)}
+
+
+def surface_drift(text: str) -> tuple[list[str], list[str]]:
+    """EngineCoreClient's members its entry in ``text`` lists that it lacks, and those it
+    has that the entry does not list."""
+    from anyio_genout import EngineCoreClient
+
+    listed = listed_members(entries(text)["EngineCoreClient"])
+    public = {name for name, _ in _members(EngineCoreClient)}
+    return sorted(listed - public), sorted(public - listed)
+
+
+def test_the_engine_client_entry_lists_its_public_surface_exactly() -> None:
+    """EngineCoreClient is a facade whose every public member is for users: its entry lists
+    each one, and nothing it does not have (the hooks are anyio_genout.testing's)."""
+    assert surface_drift(API_DOC.read_text(encoding="utf-8")) == ([], [])
+
+
+def test_a_member_listed_but_gone_is_caught() -> None:
+    text = API_DOC.read_text(encoding="utf-8")
+    anchor = "* **`add_health_listener("
+    assert text.count(anchor) == 1
+    text = text.replace(anchor, "* **`close_now() -> None`**: closes.\n" + anchor)
+    assert surface_drift(text) == (["close_now"], [])
 
 
 def test_the_readme_and_the_architecture_page_link_to_it() -> None:

@@ -1,13 +1,14 @@
 """The package's layers: no import runs up, no import circle, the protocol core sans-IO.
 
 The layers, bottom up: ``errors``; ``protocol`` (sans I/O); ``transport`` and ``readiness``;
-``engine``; ``generate`` and ``metrics`` (generate may use metrics, not the reverse);
-``text``; the package's facade (``anyio_genout/__init__.py``); ``server``;
-``vllm`` and ``bench``; ``cli`` (and ``__main__``) on top. ``mock`` stands beside them: it
-uses only ``errors``, ``protocol`` and ``transport``/``readiness``, and only ``vllm``,
-``bench`` and ``cli`` may use it. Folders are layers, with no exception: a module's layer is
-its folder (its first name below ``anyio_genout``), so every command line, the mock
-engine's and the benchmark's too, lives under ``cli/``. docs/architecture.md lists the
+``engine``; ``testing`` (test hooks over the engine client); ``generate`` and ``metrics``
+(generate may use metrics, not the reverse); ``text``; the package's facade
+(``anyio_genout/__init__.py``); ``server``; ``vllm`` and ``bench``; ``cli`` (and
+``__main__``) on top. ``mock`` stands beside them: it uses only ``errors``, ``protocol`` and
+``transport``/``readiness``, and only ``vllm``, ``bench`` and ``cli`` may use it. Folders are
+layers, with no exception: a module's layer is its folder (its first name below
+``anyio_genout``), so every command line, the mock engine's and the benchmark's too, lives
+under ``cli/``. docs/architecture.md lists the
 layers in the same order (checked here too).
 
 Every import counts: absolute or relative, at module level, in a function, or under ``if
@@ -103,6 +104,7 @@ _RANKS: dict[str, int] = {
     "protocol": 10,
     "transport": 20, "readiness": 20,
     "engine": 30,
+    "testing": 35,  # test hooks over the engine client; nothing in the package imports it
     "generate": 40, "metrics": 40,
     "text": 50,
     "parsers": 52,  # tool-call and reasoning parsers: sans I/O, errors only

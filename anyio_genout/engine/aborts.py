@@ -21,6 +21,7 @@ import anyio
 
 from ..errors import GenoutError
 from ..protocol import encode_abort
+from .reports import HealthReports
 
 __all__ = ["MAX_ABORT_BATCH", "AbortQueue"]
 
@@ -33,15 +34,15 @@ MAX_ABORT_BATCH: Final = 1024
 class AbortQueue:
     """The ids of requests to abort, by engine, and the worker that sends their frames."""
 
-    __slots__ = ("_healthy", "_pending", "_receive", "_send", "_send_input", "_sent")
+    __slots__ = ("_pending", "_receive", "_reports", "_send", "_send_input", "_sent")
 
     def __init__(self, send_input: Callable[[int, list[bytes]], None],
-                 healthy: Callable[[], bool]) -> None:
+                 reports: HealthReports) -> None:
         """``send_input(engine, frames)`` queues a message for an engine (raising a
-        :class:`~anyio_genout.GenoutError` if it cannot); ``healthy()`` tells whether the
-        client still tracks requests (an unhealthy one sends no aborts)."""
+        :class:`~anyio_genout.GenoutError` if it cannot); ``reports.healthy`` tells whether
+        the client still tracks requests (an unhealthy one sends no aborts)."""
         self._send_input = send_input
-        self._healthy = healthy
+        self._reports = reports
         self._send, self._receive = anyio.create_memory_object_stream[tuple[str, int]](math.inf)
         self._pending: dict[str, int] = {}  # id -> engine, until its ABORT is queued
         self._sent = 0
@@ -112,7 +113,7 @@ class AbortQueue:
 
     def _flush(self, batch: Sequence[tuple[str, int]]) -> None:
         """Send the pending aborts among ``batch``: one ABORT frame per engine."""
-        if not self._healthy():
+        if not self._reports.healthy:
             self._pending.clear()
             return
         by_engine: dict[int, list[str]] = {}
@@ -127,7 +128,7 @@ class AbortQueue:
         """Closing: ABORT, one frame per engine, every pending id and every ``(id, engine)``
         of ``registered`` (the requests still open); a failure is logged. An unhealthy
         client sends none: it no longer tracks any request."""
-        if not self._healthy():
+        if not self._reports.healthy:
             return
         by_engine: dict[int, list[str]] = {}
         for rid, engine in self._pending.items():

@@ -1,79 +1,34 @@
-"""``EngineCoreClient``: the raw engine-core client (requests, the reader, health).
+"""``EngineCoreClient``: the raw engine-core client, a facade over the parts it composes.
 
-Task layout (one client-level task group, run by :mod:`.connection`, started by
-:meth:`EngineCoreClient.run_tasks`):
-
-* the **engine-reader** task, the only task that waits on the output socket: it drains every
-  queued message, decodes it with the protocol core and appends each output to its
-  request's mailbox (never waiting on a consumer);
-* the **sender**, which sends the input outbox once per event-loop pass (:mod:`.outbox`);
-* the **abort worker** (:mod:`.aborts`);
-* the **input drain**, which reads and discards anything sent *to* the input socket after
-  the handshake (engines never send there again; without it a peer could fill this
-  process's memory with messages nobody reads);
-* the **connection watchers**, the **prober** and the **liveness** task, which find an
-  engine that vanished or hung (:mod:`.watchers`);
-* the **handshake reader** (handshake owner only), which answers restarted engines that
-  dial the handshake socket again (:class:`~.rejoin.Rejoins`; a registration on the
-  input socket reaches it through the input drain).
-
-Sends on the input ROUTER are queued (``NOBLOCK`` with an unbounded high-water mark never
-blocks towards a connected engine), so request scopes never await while sending and the
-order of ADD and ABORT frames is exactly program order.
+Every public member is for users and delegates to one part (:mod:`.core` builds them and
+says what each is): requests and aborts to :class:`~.core.ClientCore`, health to
+:class:`~.health.Health`, utility calls to :class:`~.utility.UtilityCalls`, listeners to
+the reader. What the package itself needs (running and closing the client, playing an
+engine in-process) is on :class:`~.core.ClientCore`, reached by :class:`~.connection.Connection`
+and by :func:`core_of` (:mod:`anyio_genout.testing`), never on this class.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any
 
-import anyio
-import anyio.abc
-import attrs
-
-from ..errors import (
-    ClientClosedError,
-    ClientUnhealthyError,
-)
-from ..protocol import (
-    EngineCoreFinishReason,
-    EngineCoreOutput,
-    EngineCoreOutputs,
-    EngineCoreReadyResponse,
-    EngineCoreRequest,
-    encode_add,
-    engine_identity,
-)
-from ..protocol.validation import resolve_max_tokens
-from .aborts import AbortQueue
+from ..errors import ClientUnhealthyError, EngineDeadError
+from ..protocol import EngineCoreReadyResponse, EngineCoreRequest
 from .config import EngineCoreClientConfig
-from .connection import Connection
+from .connection import ConnectedClient, Connection
+from .core import ClientCore
 from .handshake import BoundSockets
-from .health import EngineHealth, HealthListener
-from .input import EngineInput
-from .reader import BatchListener, DeathExplainer, OutputReader, StatsListener
-from .registry import RequestRegistry
-from .rejoin import Rejoins
-from .routing import Router, make_router
-from .stream import CallScope, EngineCoreOutputStream, new_output_stream
-from .utility import UtilityCalls
-from .utility_calls import PendingCalls
-from .watchers import EngineWatch
-from .waves import WaveControl
+from .health import HealthListener
+from .reader import BatchListener, DeathExplainer, StatsListener
+from .routing import Router
+from .stream import CallScope, EngineCoreOutputStream
+from .utility import SleepListener
 
-__all__ = ["EngineCoreClient", "HealthListener"]
-
-#: Called with ``(rank, up)`` when an engine goes down (``up`` False) or comes back.
-
-logger = logging.getLogger("anyio_genout.engine")
-
-#: Seconds the input socket may keep the final ABORT frames queued after the client closes.
-CLOSE_LINGER: Final = 0.5
+__all__ = ["EngineCoreClient", "HealthListener", "core_of"]
 
 
-class EngineCoreClient(EngineHealth, UtilityCalls):
+class EngineCoreClient:
     """A connection to one or more vLLM engine cores.
 
     Create it with ``async with EngineCoreClient.connect(config) as engine:``. Leaving the
@@ -83,43 +38,14 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
     :class:`~anyio_genout.ClientClosedError`.
     """
 
-    def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
-                 ready: dict[int, EngineCoreReadyResponse]) -> None:
-        self._config = config
-        self._sockets = sockets
-        self._ready = dict(sorted(ready.items()))
-        self._ranks = list(self._ready)
-        self._identities = {rank: engine_identity(rank) for rank in self._ranks}
-        self._rejoins = Rejoins(config, sockets, self._rejoin_refusal, self._rejoin)
-        self._input = EngineInput(sockets.input, self._identities, self.fail,
-                                  self._rejoins.on_input)
-        self._send_input = self._input.send
-        self._registry = RequestRegistry(self._ranks, make_router(
-            config.routing, {r: ready[r].block_size for r in self._ranks},
-            {r: ready[r].num_gpu_blocks for r in self._ranks},
-            imbalance_threshold=config.prefix_imbalance_threshold,
-            memory_blocks=config.prefix_memory_blocks))
-        self._error: ClientUnhealthyError | None = None
-        self._health_listeners: list[HealthListener] = []
-        self._sleep_listeners: list[Callable[[int, int], None]] = []  # UtilityCalls
-        self._calls = PendingCalls(config.client_index, self._send_input,
-                                   self._raise_if_unhealthy, self._down_error)
-        self._aborts = AbortQueue(self._send_input, lambda: self._error is None)
-        self._max_model_len = min(r.max_model_len for r in self._ready.values())
-        monitors = {"output": sockets.output_monitor, "input": sockets.input_monitor}
-        self._watch = EngineWatch(
-            config, self._registry.live,
-            {name: monitor for name, monitor in monitors.items() if monitor is not None},
-            self._calls, self.fail, lambda: self._error is None,
-            lambda: len(self._registry.requests), self.fail_engines)
-        self._reader = OutputReader(sockets.output, self._registry, self._calls, self._watch,
-                                    self.fail)
-        self._waves: WaveControl | None = None
-        if config.data_parallel_waves:  # a lockstep MoE group (waves.py)
-            engines = self._registry.engines
-            self._waves = WaveControl(self._send_input, lambda: self._registry.live,
-                                      lambda e: engines[e].in_flight if e in engines else 0)
-            self._reader.wave_control = self._wave_control
+    __slots__ = ("_calls", "_core", "_health", "_reader", "_registry")
+
+    def __init__(self, core: ClientCore) -> None:
+        self._core = core
+        self._health = core.health
+        self._calls = core.calls
+        self._registry = core.registry
+        self._reader = core.reader
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,46 +64,46 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         :class:`~anyio_genout.TransportError` if an address cannot be bound; Ctrl-C while
         waiting raises a plain :class:`KeyboardInterrupt`.
         """
-        return Connection(config, cls)
+        return Connection(config, _connected)
 
     # ------------------------------------------------------------------ accessors
 
     @property
     def config(self) -> EngineCoreClientConfig:
-        return self._config
+        return self._core.config
 
     @property
     def engine_ranks(self) -> list[int]:
         """Data-parallel ranks of the connected engines, in engine order."""
-        return list(self._ranks)
+        return list(self._core.ranks)
 
     @property
     def engine_identities(self) -> list[bytes]:
-        return [self._identities[r] for r in self._ranks]
+        return list(self._core.identities.values())
 
     @property
     def engine_count(self) -> int:
-        return len(self._ranks)
+        return len(self._core.ranks)
 
     @property
     def ready_responses(self) -> dict[int, EngineCoreReadyResponse]:
-        return dict(self._ready)
+        return dict(self._core.ready)
 
     @property
     def max_model_len(self) -> int:
-        return self._max_model_len
+        return self._core.max_model_len
 
     @property
     def vllm_version(self) -> str:
-        return self._ready[self._ranks[0]].vllm_version
+        return self._core.ready[self._core.ranks[0]].vllm_version
 
     @property
     def input_address(self) -> str:
-        return self._sockets.input_address
+        return self._core.sockets.input_address
 
     @property
     def output_address(self) -> str:
-        return self._sockets.output_address
+        return self._core.sockets.output_address
 
     @property
     def in_flight(self) -> int:
@@ -188,23 +114,25 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
     def wave_state(self) -> tuple[int, bool] | None:
         """``(current_wave, engines_running)`` of the data-parallel group as this client
         knows it; None unless ``data_parallel_waves``."""
-        state = None if self._waves is None else self._waves.state
-        return None if state is None else (state.current_wave, state.engines_running)
+        waves = self._core.waves
+        return None if waves is None else (waves.state.current_wave,
+                                           waves.state.engines_running)
 
     @property
     def pending_utility_calls(self) -> int:
-        return len(self._calls)
+        """Utility calls waiting for replies (the client's own probes included)."""
+        return len(self._core.pending)
 
     @property
     def output_disconnects(self) -> int:
         """Peers (engines, normally) whose connection to the output socket closed after a
         completed ZeroMQ handshake, since the client started binding."""
-        return self._watch.output_disconnects
+        return self._core.watch.output_disconnects
 
     @property
     def aborts_sent(self) -> int:
-        """Request ids sent in ABORT frames so far (for tests and soak checks)."""
-        return self._aborts.sent
+        """Request ids sent in ABORT frames so far (for soak checks and monitoring)."""
+        return self._core.aborts.sent
 
     def engine_load(self) -> dict[int, float]:
         """Routing score of each engine: max(in-flight, running + waiting), plus vLLM's
@@ -216,6 +144,8 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         """The router choosing each request's engine (``config.routing``); its ``stats``
         count its decisions."""
         return self._registry.router
+
+    # ------------------------------------------------------------------ listeners
 
     def add_stats_listener(self, listener: StatsListener) -> None:
         """Call ``listener(engine_rank, stats)`` for every scheduler-stats update."""
@@ -244,18 +174,54 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
 
         return unregister
 
-    # ------------------------------------------------------------------ in-process engines
+    def add_health_listener(self, listener: HealthListener) -> None:
+        """Call ``listener(rank, up)`` (synchronously) when an engine goes down, and for
+        every engine still up when the client becomes unhealthy or closes (``up`` False);
+        ``listener(rank, True)`` when an engine that was down rejoins."""
+        self._health.add_health_listener(listener)
 
-    def capture_input(self, sink: Callable[[list[Any]], None]) -> None:
-        """From now on hand every input message (``[identity, *frames]``) to ``sink``
-        instead of sending it. For benchmarks and tests that play the engine in the
-        client's own event loop, with :meth:`deliver_output`."""
-        self._input.capture(sink)
+    def add_sleep_listener(self, listener: SleepListener) -> None:
+        """Call ``listener(sleep, level)`` after :meth:`sleep` succeeded (``sleep`` 1, its
+        ``level``) and after a :meth:`wake_up` every engine says left it fully awake
+        (``0, 0``), as vLLM's front end records ``vllm:engine_sleep_state``."""
+        self._calls.add_sleep_listener(listener)
 
-    def deliver_output(self, frames: list[Any]) -> None:
-        """Handle one output message as the reader does after receiving it (decode,
-        dispatch); for benchmarks and tests that play the engine in-process."""
-        self._reader.dispatch(frames)
+    # ------------------------------------------------------------------ health
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._health.error is None
+
+    @property
+    def health_error(self) -> ClientUnhealthyError | None:
+        """The first error that made the client unhealthy (sticky), or None."""
+        return self._health.error
+
+    @property
+    def live_engines(self) -> list[int]:
+        """Ranks of the engines up, in engine order: the ones new requests go to (empty
+        once the client is unhealthy). With ``engine_failure="engine"`` an engine found
+        dead leaves it at once, and rejoins it when restarted (docs/reliability.md)."""
+        return self._health.live_engines
+
+    @property
+    def engine_health(self) -> dict[int, EngineDeadError | None]:
+        """Every connected engine's rank, in engine order, with why it is down (the
+        :class:`~anyio_genout.EngineDeadError` that took it out) or None while it is up.
+        Once the client is unhealthy, the engines not known dead get its health error."""
+        return self._health.engine_health
+
+    def fail(self, error: ClientUnhealthyError) -> None:
+        """Mark the client unhealthy with ``error`` (the first error sticks), or, for an
+        :class:`~anyio_genout.EngineDeadError` that names its engines (``error.ranks``)
+        with ``engine_failure="engine"``, only those engines.
+
+        Every open stream receives the error once, every waiting utility call fails with it,
+        and every later call fails with it at once. The requests it ends are aborted on the
+        engines still alive (not on a dead one, nor after a transport failure). For process
+        watchers (e.g. the managed vLLM engine: ``on_exit``); synchronous and idempotent.
+        """
+        self._health.fail(error)
 
     # ------------------------------------------------------------------ requests
 
@@ -265,7 +231,7 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         Entering does what :meth:`open_stream` does (and raises what it raises); leaving the
         block before the terminal output aborts the request in the engine exactly once.
         """
-        return CallScope(lambda: self.open_stream(request))
+        return CallScope(lambda: self._core.open_stream(request))
 
     def open_stream(self, request: EngineCoreRequest) -> EngineCoreOutputStream:
         """Validate ``request``, resolve its defaults, pick its engine, register and queue
@@ -288,54 +254,13 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         :class:`~anyio_genout.TransportError` if sending the input queue failed (which makes
         the client unhealthy).
         """
-        self._raise_if_unhealthy()
-        if request.client_index != self._config.client_index:
-            request = attrs.evolve(request, client_index=self._config.client_index)
-        request.validate(vocab_size=self._config.vocab_size, max_model_len=self._max_model_len,
-                         max_logprobs=self._config.max_logprobs)
-        # The one rule (protocol.validation.resolve_max_tokens, which validate applied):
-        # None fills in the rest of the context, a cap beyond the prompt's room is cut to it.
-        requested = request.max_tokens
-        if requested is None:
-            requested = request.sampling_params.max_tokens
-        max_tokens = resolve_max_tokens(requested, len(request.prompt_token_ids),
-                                        self._max_model_len)
-        if max_tokens != requested:
-            request = attrs.evolve(request, max_tokens=max_tokens)
-        registry = self._registry
-        engine, ticket = registry.choose_engine(request)
-        waves = self._waves
-        if waves is not None and request.current_wave != waves.current_wave:
-            request = attrs.evolve(request, current_wave=waves.current_wave)
-        frames = encode_add(request)
-        entry = registry.register(request.request_id, engine, ticket)  # DuplicateRequestIdError
-        try:
-            # An abort of an earlier request with this id may still be queued: send it
-            # first, or the engine would see a duplicate id and die.
-            self._aborts.send_pending_now(request.request_id)
-            if waves is not None:
-                waves.request(engine)  # START_DP_WAVE first if the group is paused
-            self._send_input(engine, frames)
-        except BaseException:
-            registry.remove(request.request_id)
-            entry.box.discard()
-            raise
-        return new_output_stream(request, max_tokens, engine, entry.box, self._on_stream_close)
+        return self._core.open_stream(request)
 
     def abort_queued(self, request_id: str) -> bool:
         """Whether the ABORT of a stream closed early with this id waits in the abort queue
         (not yet queued for the engine's input, so a request queued now would reach the
         engine before it; :meth:`open_stream` with that id sends the ABORT first)."""
-        return self._aborts.is_pending(request_id)
-
-    def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
-        entry = self._registry.requests.get(stream.request_id)
-        if entry is None or not was_running:
-            return
-        # Left before the terminal output while the engine still runs it: abort, once.
-        self._registry.remove(stream.request_id)
-        if self._error is None:
-            self._aborts.queue(stream.request_id, entry.engine)
+        return self._core.aborts.is_pending(request_id)
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         """Abort requests by id (unknown ids are ignored).
@@ -351,70 +276,7 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
         :class:`~anyio_genout.TransportError` if the input socket failed (which makes the
         client unhealthy).
         """
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        self._raise_if_unhealthy()
-        by_engine: dict[int, list[str]] = {}
-        now = time.time()
-        aborts = self._aborts
-        for rid in dict.fromkeys(request_ids):
-            entry = self._registry.remove(rid)
-            if entry is None:
-                engine = aborts.take(rid)
-                if engine is not None:  # left early, its ABORT not sent yet: send it now
-                    by_engine.setdefault(engine, []).append(rid)
-                continue
-            by_engine.setdefault(entry.engine, []).append(rid)
-            terminal = EngineCoreOutput(rid, [], finish_reason=EngineCoreFinishReason.ABORT)
-            entry.box.put_output(now, terminal)
-            entry.box.close()
-        if by_engine:
-            for engine, ids in by_engine.items():
-                aborts.send_now(engine, ids)
-            self._input.hand_over()
-        await anyio.lowlevel.cancel_shielded_checkpoint()
-
-    # ------------------------------------------------------------------ run and close
-
-    async def run_tasks(self, task_group: anyio.abc.TaskGroup) -> None:
-        """Start the client's background tasks in ``task_group`` (package-internal: the
-        connection's task group); returns once the reader runs."""
-        await task_group.start(self._reader.run)
-        task_group.start_soon(self._input.run_sender)
-        task_group.start_soon(self._aborts.run)
-        task_group.start_soon(self._input.drain)
-        if self._sockets.handshake is not None:
-            task_group.start_soon(self._rejoins.run)
-        if self._sockets.output_monitor is not None:
-            task_group.start_soon(self._watch.watch_connections)
-        if self._config.liveness_interval is not None:
-            task_group.start_soon(self._watch.liveness, self._config.liveness_interval,
-                                  self._config.liveness_timeout)
-
-    def close_now(self) -> None:
-        """Close the client, synchronously (package-internal: the connection's exit, before
-        it cancels the tasks).
-
-        First ABORT everything the engines may still be running, one frame per engine: the
-        ids whose scopes were left with their ABORT still queued (e.g. on Ctrl-C), and every
-        request still registered (streams open in other tasks, which then end with
-        :class:`~anyio_genout.ClientClosedError`; closing removes them, so nothing aborts
-        them again); an unhealthy client sends none. Then hand every queued message to
-        ZeroMQ, make the client closed, and close the sockets (the input socket lingers
-        ``CLOSE_LINGER`` seconds for the last frames).
-        """
-        self._aborts.abort_all((rid, entry.engine)
-                               for rid, entry in self._registry.requests.items())
-        self._input.hand_over_logged()
-        self.fail(ClientClosedError("engine-core client is closed"))
-        self._aborts.close()
-        self._sockets.close(input_linger=CLOSE_LINGER)
-
-    def _wave_control(self, message: EngineCoreOutputs) -> None:
-        assert self._waves is not None
-        try:
-            self._waves.control(message)
-        except ClientUnhealthyError:  # sending failed: the client is failed already
-            pass
+        await self._core.abort(request_ids)
 
     # ------------------------------------------------------------------ utility calls
 
@@ -434,8 +296,69 @@ class EngineCoreClient(EngineHealth, UtilityCalls):
                 :class:`ClientClosedError`, ...); :class:`EngineDeadError` naming every
                 engine and why, at once, while none is up (``last_engine_death="wait"``).
         """
-        live = self.live_engines
-        if not live and self._error is None:
-            await anyio.lowlevel.checkpoint()
-            raise self._registry.none_up_error()
-        return await self._calls.call(live, method, args)
+        return await self._calls.call_utility(method, *args)
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return await self._calls.get_supported_tasks()
+
+    async def is_sleeping(self) -> bool:
+        return await self._calls.is_sleeping()
+
+    async def is_scheduler_paused(self) -> bool:
+        return await self._calls.is_scheduler_paused()
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False,
+                                 reset_connector: bool = False) -> bool:
+        return await self._calls.reset_prefix_cache(reset_running_requests, reset_connector)
+
+    async def reset_mm_cache(self) -> None:
+        await self._calls.reset_mm_cache()
+
+    async def reset_encoder_cache(self) -> None:
+        await self._calls.reset_encoder_cache()
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        await self._calls.sleep(level, mode)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        await self._calls.wake_up(tags)
+
+    async def pause_scheduler(self, mode: str = "abort", clear_cache: bool = True) -> None:
+        await self._calls.pause_scheduler(mode, clear_cache)
+
+    async def resume_scheduler(self) -> None:
+        await self._calls.resume_scheduler()
+
+    async def add_lora(self, lora: Any) -> bool:
+        return await self._calls.add_lora(lora)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._calls.remove_lora(lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return await self._calls.list_loras()
+
+    async def start_profile(self, prefix: str | None = None) -> None:
+        await self._calls.start_profile(prefix)
+
+    async def stop_profile(self) -> None:
+        await self._calls.stop_profile()
+
+    async def collective_rpc(self, method: str, worker_timeout: float | None = None,
+                             args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+                             ) -> list[Any]:
+        """Run ``method`` on every worker of every engine; results flattened in engine order."""
+        return await self._calls.collective_rpc(method, worker_timeout, args, kwargs)
+
+
+def _connected(config: EngineCoreClientConfig, sockets: BoundSockets,
+               ready: dict[int, EngineCoreReadyResponse]
+               ) -> tuple[ConnectedClient, EngineCoreClient]:
+    """The connection's factory: the client's parts, and the facade over them."""
+    core = ClientCore(config, sockets, ready)
+    return core, EngineCoreClient(core)
+
+
+def core_of(client: EngineCoreClient) -> ClientCore:
+    """The parts ``client`` composes (package-internal: :mod:`anyio_genout.testing`)."""
+    return client._core

@@ -5,8 +5,9 @@ open for engines that come back, :mod:`.rejoin`), makes the client,
 dispatches the outputs that arrived before READY, and starts the client's tasks in a task
 group of their own. Leaving closes the client (its final ABORTs, the sticky
 :class:`~anyio_genout.ClientClosedError`, the sockets), cancels the tasks, and terminates the
-context in a worker thread. The client is made by a factory and reached through the three
-methods of :class:`ConnectedClient`, so this module imports no client.
+context in a worker thread. A factory makes the client: its parts (run and closed through
+the three methods of :class:`ConnectedClient`) and the object entering returns, so this
+module imports no client.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ __all__ = ["ConnectedClient", "Connection"]
 
 
 class ConnectedClient(Protocol):
-    """What a :class:`Connection` needs of the client it runs (package-internal)."""
+    """What a :class:`Connection` needs of the client it runs (package-internal: the
+    client's :class:`~.core.ClientCore`)."""
 
     def deliver_output(self, frames: list[Any]) -> None:
         """Handle one output message as the reader does."""
@@ -41,9 +43,11 @@ class ConnectedClient(Protocol):
         """Close synchronously: final ABORTs, the closed error, the sockets."""
 
 
-C = TypeVar("C", bound=ConnectedClient)
+C = TypeVar("C")
+#: Makes a connected client from the bound sockets and the engines' ready responses: the
+#: parts the connection runs, and what entering returns.
 ClientFactory = Callable[[EngineCoreClientConfig, BoundSockets,
-                          dict[int, EngineCoreReadyResponse]], C]
+                          dict[int, EngineCoreReadyResponse]], tuple[ConnectedClient, C]]
 
 
 class Connection(Generic[C]):
@@ -54,7 +58,7 @@ class Connection(Generic[C]):
     def __init__(self, config: EngineCoreClientConfig, make_client: ClientFactory[C]) -> None:
         self._config = config
         self._make_client = make_client
-        self._client: C | None = None
+        self._parts: ConnectedClient | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._context: Any = None
 
@@ -65,14 +69,14 @@ class Connection(Generic[C]):
             sockets = bind_sockets(self._context, self._config)
             ready = await run_handshake(sockets, self._config)
             # The handshake socket stays open: the client answers engines that come back.
-            client = self._make_client(self._config, sockets, ready)
+            parts, client = self._make_client(self._config, sockets, ready)
             early, sockets.early_outputs = sockets.early_outputs, []
             for frames in early:  # arrived before READY: dispatched before anything newer
-                client.deliver_output(frames)
+                parts.deliver_output(frames)
             tg = anyio.create_task_group()
             await tg.__aenter__()
             try:
-                await client.run_tasks(tg)
+                await parts.run_tasks(tg)
             except BaseException:
                 tg.cancel_scope.cancel()
                 await tg.__aexit__(None, None, None)
@@ -82,17 +86,17 @@ class Connection(Generic[C]):
                 sockets.close()
             self._context.term()
             raise
-        self._client = client
+        self._parts = parts
         self._tg = tg
         return client
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
-        client, tg = self._client, self._tg
-        assert client is not None and tg is not None
+        parts, tg = self._parts, self._tg
+        assert parts is not None and tg is not None
         # Every request the engines still run gets its ABORT before the sockets close: those
         # whose scopes were left just now (e.g. on Ctrl-C) and those still open elsewhere.
-        client.close_now()
+        parts.close_now()
         tg.cancel_scope.cancel()
         # The body's exception (if any) propagates unchanged: it never enters the task group.
         try:

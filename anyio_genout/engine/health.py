@@ -1,5 +1,6 @@
 """An engine-core client's health: which engines are up, and what happens when one dies
-or comes back (mixed into :class:`~anyio_genout.EngineCoreClient`).
+or comes back (:class:`Health`, a part the client owns; its parts report to it through
+:class:`~.reports.HealthReports`).
 
 With ``engine_failure="engine"`` an engine that dies leaves routing and fails its own
 requests and utility calls; the client fails as a whole (sticky error, every stream and
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import (
     ClientClosedError,
@@ -22,18 +22,16 @@ from ..errors import (
     TransportError,
 )
 from ..protocol import EngineCoreReadyResponse
-from .utility_calls import copy_error
+from .aborts import AbortQueue
+from .config import EngineCoreClientConfig
+from .reader import OutputReader
+from .registry import RequestRegistry
+from .rejoin import Rejoins
+from .reports import HealthReports, copy_error
+from .utility_calls import PendingCalls
+from .watchers import EngineWatch
 
-if TYPE_CHECKING:
-    from .aborts import AbortQueue
-    from .config import EngineCoreClientConfig
-    from .reader import OutputReader
-    from .registry import RequestRegistry
-    from .rejoin import Rejoins
-    from .utility_calls import PendingCalls
-    from .watchers import EngineWatch
-
-__all__ = ["EngineHealth", "HealthListener"]
+__all__ = ["Health", "HealthListener"]
 
 #: ``listener(rank, up)``: an engine went down (False) or rejoined (True).
 HealthListener = Callable[[int, bool], None]
@@ -41,37 +39,46 @@ HealthListener = Callable[[int, bool], None]
 logger = logging.getLogger("anyio_genout.engine")
 
 
-class EngineHealth:
-    """The health half of :class:`~anyio_genout.EngineCoreClient` (which sets these)."""
+class Health:
+    """Which engines of one client are up, and the policy when one dies or comes back.
 
-    _config: EngineCoreClientConfig
-    _error: ClientUnhealthyError | None
-    _ranks: list[int]
-    _ready: dict[int, EngineCoreReadyResponse]
-    _max_model_len: int
-    _registry: RequestRegistry
-    _health_listeners: list[HealthListener]
-    _aborts: AbortQueue
-    _calls: PendingCalls
-    _reader: OutputReader
-    _rejoins: Rejoins
-    _watch: EngineWatch
+    It handles what the client's parts report (:class:`~.reports.HealthReports`, which
+    holds the sticky error it sets) and acts on the parts named here: the registry's
+    routing set and requests, the abort queue, the utility calls, the reader, the
+    handshake's rejoins and the watchers.
+    """
+
+    def __init__(self, config: EngineCoreClientConfig, ready: dict[int, EngineCoreReadyResponse],
+                 max_model_len: int, reports: HealthReports, registry: RequestRegistry,
+                 aborts: AbortQueue, calls: PendingCalls, reader: OutputReader,
+                 rejoins: Rejoins, watch: EngineWatch) -> None:
+        """``ready``: each engine's ready response (by rank, in engine order; a rejoining
+        engine's replaces its own)."""
+        self._config = config
+        self._ready = ready
+        self._ranks = list(ready)
+        self._max_model_len = max_model_len
+        self._reports = reports
+        self._registry = registry
+        self._aborts = aborts
+        self._calls = calls
+        self._reader = reader
+        self._rejoins = rejoins
+        self._watch = watch
+        self._listeners: list[HealthListener] = []
+        reports.handle_with(self)
 
     @property
-    def is_healthy(self) -> bool:
-        return self._error is None
-
-    @property
-    def health_error(self) -> ClientUnhealthyError | None:
+    def error(self) -> ClientUnhealthyError | None:
         """The first error that made the client unhealthy (sticky), or None."""
-        return self._error
+        return self._reports.error
 
     @property
     def live_engines(self) -> list[int]:
         """Ranks of the engines up, in engine order: the ones new requests go to (empty
         once the client is unhealthy). With ``engine_failure="engine"`` an engine found
         dead leaves it at once, and rejoins it when restarted (docs/reliability.md)."""
-        if self._error is not None:
+        if self._reports.error is not None:
             return []
         live = self._registry.live
         return [rank for rank in self._ranks if rank in live]
@@ -82,7 +89,7 @@ class EngineHealth:
         :class:`~anyio_genout.EngineDeadError` that took it out) or None while it is up.
         Once the client is unhealthy, the engines not known dead get its health error."""
         down = self._registry.down
-        error = self._error
+        error = self._reports.error
         health: dict[int, EngineDeadError | None] = {}
         for rank in self._ranks:
             why = down.get(rank)
@@ -96,9 +103,7 @@ class EngineHealth:
         """Call ``listener(rank, up)`` (synchronously) when an engine goes down, and for
         every engine still up when the client becomes unhealthy or closes (``up`` False);
         ``listener(rank, True)`` when an engine that was down rejoins."""
-        self._health_listeners.append(listener)
-
-    # ------------------------------------------------------------------ health
+        self._listeners.append(listener)
 
     def fail(self, error: ClientUnhealthyError) -> None:
         """Mark the client unhealthy with ``error`` (the first error sticks), or, for an
@@ -127,7 +132,7 @@ class EngineHealth:
         policy, or no engine left unless ``last_engine_death="wait"``) the whole client
         fails with ``error``, as :meth:`fail`.
         """
-        if self._error is not None:
+        if self._reports.error is not None:
             return
         registry = self._registry
         dead = [rank for rank in dict.fromkeys(ranks) if rank in registry.live]
@@ -158,7 +163,7 @@ class EngineHealth:
                            "(engines down: %s)", ", ".join(map(str, sorted(registry.down))))
 
     def _fail_client(self, error: ClientUnhealthyError) -> None:
-        if self._error is not None:
+        if self._reports.error is not None:
             return
         registry = self._registry
         requests = registry.requests
@@ -172,7 +177,7 @@ class EngineHealth:
                 self._aborts.forget_engine(rank)
             self._aborts.abort_all((rid, entry.engine) for rid, entry in requests.items()
                                    if entry.engine in alive)
-        self._error = error
+        self._reports.error = error
         self._reader.stop()
         if isinstance(error, ClientClosedError):
             logger.debug("engine-core client closed")
@@ -188,24 +193,12 @@ class EngineHealth:
         for rank in sorted(registry.live):
             self._tell_health(rank, False)
 
-    def _rejoin_refusal(self, rank: int) -> str | None:
-        """Why a restarted engine ``rank`` cannot rejoin now (its HELLO or registration is
-        refused), or None if it may."""
-        if self._error is not None:
-            return (f"the client failed as a whole ({self._error}), and a failed client "
-                    f"takes no engine back (restart the front end; with "
-                    f"last_engine_death='wait' the last engine's death does not fail it)")
-        if rank in self._registry.live:
-            return (f"engine {rank} is up (a duplicate, or its restart came before its death "
-                    f"was found)")
-        return None
-
-    def _rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
+    def rejoin(self, rank: int, response: EngineCoreReadyResponse) -> str | None:
         """Engine ``rank``, down, completed its handshake again (a restarted engine): put it
         back into routing with ``response`` as its ready response; returns why it is
         refused instead (it stays down), or None."""
-        if self._error is not None:
-            return f"the client is unhealthy: {self._error}"
+        if self._reports.error is not None:
+            return f"the client is unhealthy: {self._reports.error}"
         registry = self._registry
         if rank in registry.live:
             return f"engine {rank} is up"
@@ -223,16 +216,8 @@ class EngineHealth:
         return None
 
     def _tell_health(self, rank: int, up: bool) -> None:
-        for listener in list(self._health_listeners):
+        for listener in list(self._listeners):
             try:
                 listener(rank, up)
             except Exception:
                 logger.exception("health listener %r failed", listener)
-
-    def _down_error(self, rank: int) -> EngineDeadError | None:
-        """Why engine ``rank`` is down, or None while it is up."""
-        return self._registry.down.get(rank) if rank not in self._registry.live else None
-
-    def _raise_if_unhealthy(self) -> None:
-        if self._error is not None:
-            raise copy_error(self._error)

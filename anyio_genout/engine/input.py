@@ -4,7 +4,7 @@ Every message for an engine (ADD, ABORT, UTILITY) goes through :meth:`EngineInpu
 into one :class:`~.outbox.Outbox`, sent in program order by the **sender** task
 (:meth:`EngineInput.run_sender`). The **input drain** (:meth:`EngineInput.drain`) reads and
 discards whatever a peer sends *to* the socket after the handshake. A send failure makes the
-client unhealthy through the ``fail`` callable it hands over.
+client unhealthy: it is reported to the client's :class:`~.reports.HealthReports`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any, Final
 import anyio
 import anyio.lowlevel
 
-from ..errors import ClientClosedError, ClientUnhealthyError, TransportError
+from ..errors import ClientClosedError, TransportError
 from ..transport import ZmqSocket
 from .outbox import Outbox
+from .reports import HealthReports
 
 __all__ = ["EngineInput"]
 
@@ -35,18 +36,19 @@ _DRAIN_BATCH: Final = 16
 class EngineInput:
     """The input ROUTER, its send queue, and the count of messages discarded from it."""
 
-    __slots__ = ("_fail", "_identities", "_outbox", "_socket", "_take", "junk")
+    __slots__ = ("_identities", "_outbox", "_reports", "_socket", "_take", "junk")
 
     def __init__(self, socket: ZmqSocket, identities: dict[int, bytes],
-                 fail: Callable[[ClientUnhealthyError], None],
+                 reports: HealthReports,
                  take: Callable[[list[Any]], bool] | None = None) -> None:
-        """``take(frames)``: whether a message the drain received is wanted after all (a
-        restarted engine's registration, :class:`~.rejoin.Rejoins`), not junk."""
+        """``reports``: where a send failure is reported; ``take(frames)``: whether a
+        message the drain received is wanted after all (a restarted engine's registration,
+        :meth:`.rejoin.Rejoins.on_input`), not junk."""
         self._socket = socket
         self._take = take
         self._outbox = Outbox(socket)
         self._identities = identities
-        self._fail = fail
+        self._reports = reports
         #: Messages sent to the input socket after the handshake, and discarded.
         self.junk = 0
 
@@ -70,7 +72,7 @@ class EngineInput:
         except anyio.ClosedResourceError:
             raise ClientClosedError("engine-core client is closed") from None
         except TransportError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
             raise
 
     def hand_over(self) -> None:
@@ -81,7 +83,7 @@ class EngineInput:
         except anyio.ClosedResourceError:
             raise ClientClosedError("engine-core client is closed") from None
         except TransportError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
             raise
 
     def hand_over_logged(self) -> None:
@@ -98,7 +100,7 @@ class EngineInput:
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
 
     async def drain(self) -> None:
         """The input drain: discard messages sent to the socket after the handshake (none
@@ -129,11 +131,11 @@ class EngineInput:
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
 
 
 class _Capture:
-    """An outbox that hands each message to a function (see ``capture_input``)."""
+    """An outbox that hands each message to a function (:meth:`EngineInput.capture`)."""
 
     def __init__(self, sink: Callable[[list[Any]], None]) -> None:
         self.put = sink

@@ -15,12 +15,13 @@ engine that streams is never asked at all.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection
 from typing import Final
 
 import anyio
 
 from ..errors import EngineDeadError, OperationalError, UtilityCallError
+from .reports import HealthReports
 from .utility_calls import PendingCalls
 
 __all__ = ["Heard", "run_liveness"]
@@ -33,15 +34,13 @@ _LOOKS: Final = 10
 
 
 async def run_liveness(live: Collection[int], heard: Heard, calls: PendingCalls,
-                       healthy: Callable[[], bool],
-                       fail_engines: Callable[[Sequence[int], EngineDeadError], None],
-                       interval: float, deadline: float) -> None:
+                       reports: HealthReports, interval: float, deadline: float) -> None:
     """Every ``interval / 2`` s, check each engine up that sent nothing since the last
-    look; one that stays silent ``deadline`` s after the question is failed
-    (``fail_engines``).
-    Returns when the client is no longer ``healthy()``. Raises nothing of its own."""
+    look; one that stays silent ``deadline`` s after the question is reported dead
+    (:meth:`~.reports.HealthReports.fail_engines`).
+    Returns when the client is no longer healthy. Raises nothing of its own."""
     seen = {rank: heard[rank] for rank in live}
-    while healthy():
+    while reports.healthy:
         await anyio.sleep(interval / 2)
         silent = [rank for rank in sorted(live) if heard[rank] == seen.get(rank)]
         seen = {rank: heard[rank] for rank in live}
@@ -52,8 +51,8 @@ async def run_liveness(live: Collection[int], heard: Heard, calls: PendingCalls,
             for rank in silent:
                 tg.start_soon(_check, rank, live, heard, calls, deadline, dead)
         for rank in dead:
-            if rank in live and healthy():
-                fail_engines([rank], EngineDeadError(
+            if rank in live and reports.healthy:
+                reports.fail_engines([rank], EngineDeadError(
                     f"engine {rank} did not answer a liveness check within {deadline:g} s, "
                     f"nor send anything else", ranks=(rank,)))
         seen = {rank: heard[rank] for rank in live}

@@ -5,8 +5,8 @@ core, and hands each part over without ever waiting: a request's output to its m
 (the consumer drains it at its own pace), a utility reply to its caller, scheduler
 statistics to the listeners, data-parallel wave control to ``wave_control`` (if the client
 follows waves). ``ENGINE_CORE_DEAD``, an undecodable message or other data-parallel
-control fails the client (the ``fail`` callable it hands over), whose failure path calls
-:meth:`OutputReader.stop`.
+control fails the client (reported to its :class:`~.reports.HealthReports`), whose failure
+path calls :meth:`OutputReader.stop`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import anyio.abc
 import anyio.lowlevel
 
 from ..errors import (
-    ClientUnhealthyError,
     EngineDeadError,
     ProtocolError,
     TransportError,
@@ -37,6 +36,7 @@ from ..protocol import (
 )
 from ..transport import ZmqSocket
 from .registry import RequestRegistry
+from .reports import HealthReports
 from .utility_calls import PendingCalls
 from .watchers import EngineWatch
 
@@ -64,12 +64,14 @@ class OutputReader:
     """The output socket's reader and what it hands outputs, replies and statistics to."""
 
     def __init__(self, socket: ZmqSocket, registry: RequestRegistry, calls: PendingCalls,
-                 watch: EngineWatch, fail: Callable[[ClientUnhealthyError], None]) -> None:
+                 watch: EngineWatch, reports: HealthReports) -> None:
+        """``reports``: where a failure of the socket, an undecodable message, an
+        ``ENGINE_CORE_DEAD`` or unexpected control is reported."""
         self._socket = socket
         self._registry = registry
         self._calls = calls
         self._watch = watch
-        self._fail = fail
+        self._reports = reports
         self._stopped = False
         self.stats_listeners: list[StatsListener] = []
         self.batch_listeners: list[BatchListener] = []
@@ -111,7 +113,7 @@ class OutputReader:
         except anyio.ClosedResourceError:
             return
         except TransportError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
 
     def dispatch(self, frames: list[Any]) -> None:
         """Decode one output message and hand its contents over (never waits); an
@@ -121,7 +123,7 @@ class OutputReader:
             # zmq.Frame has the buffer protocol: the decoder reads the frames in place.
             message = decode_batch_or_other(frames)
         except ProtocolError as exc:
-            self._fail(exc)
+            self._reports.fail(exc)
             return
         watch = self._watch
         if type(message) is tuple:
@@ -154,7 +156,7 @@ class OutputReader:
         elif type(message) is EngineDead:
             # The sentinel names no engine: the connection it came on does.
             rank = watch.engine_of(frames[0])
-            self._fail(EngineDeadError(self._engine_core_dead_message(rank),
+            self._reports.fail(EngineDeadError(self._engine_core_dead_message(rank),
                                        ranks=None if rank is None else (rank,)))
         elif self.wave_control is not None:
             assert isinstance(message, DpControl)
@@ -162,7 +164,7 @@ class OutputReader:
             self.wave_control(message.message)
         else:
             assert isinstance(message, DpControl)
-            self._fail(ProtocolError(
+            self._reports.fail(ProtocolError(
                 "EngineCoreOutputs: data-parallel wave control arrived on the main output "
                 "socket (this client runs no DP coordinator)"))
 

@@ -106,6 +106,15 @@ class RequestRegistry:
         return EngineDeadError(f"data_parallel_rank={rank}: engine {rank} is down{why}",
                                ranks=(rank,))
 
+    def why_down_now(self, rank: int) -> EngineDeadError | None:
+        """Why engine ``rank`` is down, or None while it is up."""
+        return self.down.get(rank) if rank not in self.live else None
+
+    def in_flight_on(self, rank: int) -> int:
+        """Requests registered on engine ``rank`` and not yet ended (0 for an unknown one)."""
+        load = self.engines.get(rank)
+        return 0 if load is None else load.in_flight
+
     def mark_down(self, rank: int, error: EngineDeadError) -> list[RequestEntry]:
         """Take engine ``rank`` out of routing (``error`` says why); removes its live
         requests and returns them (the caller fails them). Idempotent: a second call

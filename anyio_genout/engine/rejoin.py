@@ -9,7 +9,7 @@ on the input socket is the whole handshake again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Collection
 
 import anyio
 import attrs
@@ -29,15 +29,11 @@ from ..protocol import (
 from ..transport import ZmqSocket
 from .config import EngineCoreClientConfig
 from .handshake import MAX_JUNK_LOGGED, BoundSockets, JunkLog
+from .reports import HealthReports
 
-__all__ = ["RejoinHandler", "Rejoins", "answer_restarted_engines"]
+__all__ = ["Rejoins", "answer_restarted_engines"]
 
 logger = logging.getLogger("anyio_genout.engine")
-
-#: Called with ``(rank, ready_response)`` when an engine that was down completed its
-#: handshake again; returns why it is refused (logged), or None once it is back.
-RejoinHandler = Callable[[int, EngineCoreReadyResponse], str | None]
-
 
 @attrs.define
 class _Rejoining:
@@ -53,9 +49,10 @@ class Rejoins:
     As handshake owner, the client keeps its handshake ROUTER open and answers on: a HELLO
     from an engine of a known rank that is down gets INIT with the same addresses; its
     registration on the input socket (handed over by the input drain,
-    :meth:`on_input`) and its READY (either order) make it rejoin (``rejoin``). A HELLO
+    :meth:`on_input`) and its READY (either order) make it rejoin (reported, and judged by
+    the client's health). A HELLO
     from a rank that is up, or outside ``engine_ranks``, or to a client that failed as a
-    whole (``refusal(rank)`` says why), is refused with a log line and no INIT (elastic
+    whole (:meth:`_refusal` says why), is refused with a log line and no INIT (elastic
     growth is not supported). Junk is logged and ignored, as at start-up.
     Bootstrapped, an engine that registers on the input socket while it is down rejoins at
     once. Never raises out of :meth:`run` but on cancellation; the handshake socket's
@@ -63,20 +60,36 @@ class Rejoins:
     """
 
     def __init__(self, config: EngineCoreClientConfig, sockets: BoundSockets,
-                 refusal: Callable[[int], str | None], rejoin: RejoinHandler) -> None:
+                 live: Collection[int], reports: HealthReports) -> None:
+        """``live``: the ranks of the engines up (the client's set, kept current by it);
+        an engine that completes its handshake again is reported to ``reports``
+        (:meth:`~.reports.HealthReports.rejoin`), which decides whether it is back."""
         self._config = config
         self._handshake = sockets.handshake
         self._input = sockets.input
         self._init = encode_init(HandshakeAddresses([sockets.input_address],
                                                     [sockets.output_address]))
         self._ranks = {engine_identity(rank): rank for rank in config.engine_ranks}
-        self._refusal = refusal
-        self._rejoin = rejoin
+        self._live = live
+        self._reports = reports
         self._pending: dict[int, _Rejoining] = {}
         self._ignore = JunkLog(" after start-up", "handshake socket").ignore
         #: HELLOs (bootstrapped: registrations) refused, and engines that rejoined.
         self.refused = 0
         self.rejoined = 0
+
+    def _refusal(self, rank: int) -> str | None:
+        """Why a restarted engine ``rank`` cannot rejoin now (its HELLO or registration is
+        refused), or None if it may."""
+        error = self._reports.error
+        if error is not None:
+            return (f"the client failed as a whole ({error}), and a failed client "
+                    f"takes no engine back (restart the front end; with "
+                    f"last_engine_death='wait' the last engine's death does not fail it)")
+        if rank in self._live:
+            return (f"engine {rank} is up (a duplicate, or its restart came before its death "
+                    f"was found)")
+        return None
 
     def engines_down(self, down: bool) -> None:
         """Whether an engine is down: only then may a new input connection take over an
@@ -186,7 +199,7 @@ class Rejoins:
             except GenoutError as exc:
                 why = str(exc)
         if why is None:
-            why = self._rejoin(rank, response)
+            why = self._reports.rejoin(rank, response)
         if why is not None:
             self.refused += 1
             logger.error("engine %d came back but is refused and stays down: %s", rank, why)

@@ -1,4 +1,6 @@
-"""Typed wrappers over :meth:`EngineCoreClient.call_utility` (vLLM's engine utility methods).
+"""Utility calls of one engine client (a part it owns): :meth:`UtilityCalls.call` and typed
+wrappers over it (vLLM's engine utility methods), which
+:class:`~anyio_genout.EngineCoreClient` delegates to.
 
 Each wrapper fans out to every engine; results are combined the way vLLM's own client does:
 consensus (every engine must agree, else :class:`InconsistentUtilityResultsError`), AND, or
@@ -17,20 +19,40 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import InconsistentUtilityResultsError
+import anyio.lowlevel
 
-__all__ = ["UtilityCalls"]
+from ..errors import InconsistentUtilityResultsError
+from .health import Health
+from .registry import RequestRegistry
+from .utility_calls import PendingCalls
+
+__all__ = ["SleepListener", "UtilityCalls"]
+
+#: ``listener(sleep, level)``: the engines went to sleep (1, level) or woke up (0, 0).
+SleepListener = Callable[[int, int], None]
 
 
 class UtilityCalls:
-    """Mixed into :class:`~anyio_genout.EngineCoreClient`, which provides ``call_utility``."""
+    """Calls to every engine up, over the client's :class:`~.utility_calls.PendingCalls`."""
+
+    def __init__(self, pending: PendingCalls, health: Health,
+                 registry: RequestRegistry) -> None:
+        """``health`` says which engines are up; ``registry`` why none is."""
+        self._pending = pending
+        self._health = health
+        self._registry = registry
+        self._sleep_listeners: list[SleepListener] = []
 
     async def call_utility(self, method: str, *args: Any) -> list[Any]:
-        raise NotImplementedError  # pragma: no cover - provided by EngineCoreClient
+        """Call ``method(*args)`` on every engine up; their results in engine order (see
+        :meth:`EngineCoreClient.call_utility <.client.EngineCoreClient.call_utility>`)."""
+        live = self._health.live_engines
+        if not live and self._health.error is None:
+            await anyio.lowlevel.checkpoint()
+            raise self._registry.none_up_error()
+        return await self._pending.call(live, method, args)
 
-    _sleep_listeners: list[Callable[[int, int], None]]  # set by EngineCoreClient
-
-    def add_sleep_listener(self, listener: Callable[[int, int], None]) -> None:
+    def add_sleep_listener(self, listener: SleepListener) -> None:
         """Call ``listener(sleep, level)`` after :meth:`sleep` succeeded (``sleep`` 1, its
         ``level``) and after a :meth:`wake_up` every engine says left it fully awake
         (``0, 0``), as vLLM's front end records ``vllm:engine_sleep_state``."""

@@ -17,41 +17,30 @@ import anyio.lowlevel
 
 from ..errors import EngineDeadError, UtilityCallError
 from ..protocol import UtilityOutput, encode_utility
-from .registry import UtilityWaiter
+from .registry import RequestRegistry, UtilityWaiter
+from .reports import HealthReports, copy_error
 
-__all__ = ["PendingCalls", "copy_error"]
+__all__ = ["PendingCalls"]
 
 logger = logging.getLogger("anyio_genout.engine")
-
-
-def copy_error(error: BaseException) -> BaseException:
-    """A fresh instance of a sticky error, so raising it again does not grow one traceback."""
-    try:
-        copy = type(error)(str(error))
-    except Exception:
-        return error
-    copy.__dict__.update(error.__dict__)  # e.g. EngineDeadError.ranks
-    copy.__cause__ = error
-    return copy
 
 
 class PendingCalls:
     """Each engine's pending replies, by call id; the client's own probes kept apart."""
 
-    __slots__ = ("_abandoned", "_check_healthy", "_client_index", "_down_error", "_ids",
-                 "_internal", "_send", "_waiters")
+    __slots__ = ("_abandoned", "_client_index", "_ids", "_internal", "_registry", "_reports",
+                 "_send", "_waiters")
 
     def __init__(self, client_index: int, send: Callable[[int, list[bytes]], None],
-                 check_healthy: Callable[[], None],
-                 down_error: Callable[[int], EngineDeadError | None] = lambda rank: None
-                 ) -> None:
-        """``send(rank, frames)`` queues a message for an engine; ``check_healthy()`` raises
-        the client's sticky error; ``down_error(rank)`` is why an engine is down (None while
-        it is up): a call to it is not sent, and ends as if it had died meanwhile."""
+                 reports: HealthReports, registry: RequestRegistry) -> None:
+        """``send(rank, frames)`` queues a message for an engine; ``reports`` holds the
+        client's sticky error; ``registry`` says why an engine is down
+        (:meth:`~.registry.RequestRegistry.why_down_now`): a call to it is not sent, and ends
+        as if it had died meanwhile."""
         self._client_index = client_index
         self._send = send
-        self._check_healthy = check_healthy
-        self._down_error = down_error
+        self._reports = reports
+        self._registry = registry
         self._ids = itertools.count(1)
         self._waiters: dict[int, UtilityWaiter] = {}
         self._internal: set[int] = set()  # call ids of the client's own probes
@@ -81,14 +70,14 @@ class PendingCalls:
         Cancelling the caller unregisters its waiters.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
-        self._check_healthy()
+        self._reports.raise_if_unhealthy()
         waiters: dict[int, UtilityWaiter] = {}
         try:
             for rank in ranks:
                 call_id = next(self._ids)
                 waiter = UtilityWaiter(rank)
                 waiters[call_id] = waiter
-                down = self._down_error(rank)
+                down = self._registry.why_down_now(rank)
                 if down is not None:
                     waiter.dead = down
                     continue

@@ -11,9 +11,10 @@
   an engine that is connected but hung or deaf (any message read from an engine proves it
   alive: the reader counts them in :attr:`EngineWatch.heard`).
 
-Both end by failing the engines found dead (the ``fail_engines`` callable the client hands
-over: only those engines, or the whole client, as ``engine_failure`` says), or the whole
-client (``fail``) when messages were lost; see docs/reliability.md. The watch also keeps
+Both end by reporting the engines found dead (:meth:`~.reports.HealthReports.fail_engines`:
+only those engines fail, or the whole client, as ``engine_failure`` says), or by failing the
+whole client (:meth:`~.reports.HealthReports.fail`) when messages were lost; see
+docs/reliability.md. The watch also keeps
 which output connection (descriptor) each engine's messages come on, to tell which engine
 sent an ``ENGINE_CORE_DEAD`` (:meth:`EngineWatch.engine_of`).
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -30,7 +31,6 @@ import attrs
 import zmq
 
 from ..errors import (
-    ClientUnhealthyError,
     EngineDeadError,
     OperationalError,
     ProtocolError,
@@ -39,6 +39,8 @@ from ..errors import (
 from ..transport import MonitorEvent, TransportError, ZmqSocket
 from .config import EngineCoreClientConfig
 from .liveness import Heard, run_liveness
+from .registry import RequestRegistry
+from .reports import HealthReports
 from .utility_calls import PendingCalls
 
 __all__ = ["EngineWatch"]
@@ -53,24 +55,19 @@ _HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 class EngineWatch:
     """The watchers, prober and liveness check of one engine client."""
 
-    def __init__(self, config: EngineCoreClientConfig, live: Collection[int],
+    def __init__(self, config: EngineCoreClientConfig, registry: RequestRegistry,
                  monitors: dict[str, ZmqSocket], calls: PendingCalls,
-                 fail: Callable[[ClientUnhealthyError], None], healthy: Callable[[], bool],
-                 open_requests: Callable[[], int],
-                 fail_engines: Callable[[Sequence[int], EngineDeadError], None]) -> None:
-        """``live``: the ranks of the engines up (the client's set, kept current by it);
-        ``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors; ``fail`` makes
-        the client unhealthy, ``fail_engines(ranks, error)`` reports engines found dead,
-        ``healthy()`` tells whether the client is still healthy, ``open_requests()`` counts
-        its requests in flight."""
+                 reports: HealthReports) -> None:
+        """``registry``: the client's requests and its set of engines up (kept current by
+        it); ``monitors``: the ``"output"`` (and ``"input"``) sockets' monitors;
+        ``reports``: where engines found dead and lost messages are reported, and whether
+        the client is still healthy."""
         self._config = config
-        self._live = live
-        self._fail_engines = fail_engines
+        self._registry = registry
+        self._live = registry.live
         self._monitors = dict(monitors)
         self._calls = calls
-        self._fail = fail
-        self._healthy = healthy
-        self._open_requests = open_requests
+        self._reports = reports
         self._output_disconnects = 0
         #: Messages read from each engine (rank -> count): the reader counts, the liveness
         #: check reads.
@@ -140,7 +137,7 @@ class EngineWatch:
 
     def _open_work(self) -> int:
         """Requests and callers' utility calls in flight (not the client's own probes)."""
-        return self._open_requests() + self._calls.callers
+        return len(self._registry.requests) + self._calls.callers
 
     async def watch_connections(self) -> None:
         """Follow the output and input sockets' connections; hand every drop to the prober.
@@ -204,7 +201,7 @@ class EngineWatch:
         """A connection to the ``name`` socket closed at that monitor's ``clock``."""
         if name == "output":
             self._output_disconnects += 1
-        if not self._healthy():
+        if not self._reports.healthy:
             return
         logger.warning(
             "a peer's connection to the %s socket %s closed (%d so far); checking that every "
@@ -239,11 +236,11 @@ class EngineWatch:
 
     async def _prober(self) -> None:
         """Judge every dropped connection (one drop, or a burst, at a time)."""
-        while self._healthy():
+        while self._reports.healthy:
             await self._drop_seen.wait()
             self._drop_seen = anyio.Event()
             drop, self._drop = self._drop, None
-            if drop is not None and self._healthy():
+            if drop is not None and self._reports.healthy:
                 self._probing = drop
                 try:
                     await self._probe(drop)
@@ -310,11 +307,11 @@ class EngineWatch:
             with anyio.move_on_after(left()):
                 await everyone.wait()
             found_dead = False
-            if not everyone.is_set() and self._healthy():
+            if not everyone.is_set() and self._reports.healthy:
                 silent = [rank for rank in ranks if rank not in answered and rank in live]
                 if any(links.live < len(live) for links in self._links.values()):
                     found_dead = True
-                    self._fail_engines(silent, EngineDeadError(
+                    self._reports.fail_engines(silent, EngineDeadError(
                         _gone_message(silent, drop.sockets, config.disconnect_grace),
                         ranks=silent))
                 else:
@@ -322,15 +319,15 @@ class EngineWatch:
                                              + left()):
                         await everyone.wait()
                     silent = [rank for rank in ranks if rank not in answered and rank in live]
-                    if silent and self._healthy():
+                    if silent and self._reports.healthy:
                         found_dead = True
-                        self._fail_engines(silent, EngineDeadError(
+                        self._reports.fail_engines(silent, EngineDeadError(
                             f"{_engines(silent)}: a connection to the client's "
                             f"{_sockets(drop.sockets)} closed and "
                             f"{'it' if len(silent) == 1 else 'they'} did not answer within "
                             f"{config.liveness_timeout:g} s", ranks=silent))
             tg.cancel_scope.cancel()
-        if not self._healthy() or found_dead:
+        if not self._reports.healthy or found_dead:
             return  # the dropped connections were the dead engines' own
         # Every engine answered. ZeroMQ reports a new connection before any message flows on
         # it: an engine whose connection dropped answered over a new one, reported by now.
@@ -343,7 +340,7 @@ class EngineWatch:
                         "its own connections")
         elif drop.work:
             limit = config.max_message_size
-            self._fail(ProtocolError(
+            self._reports.fail(ProtocolError(
                 f"an engine's connection closed and came back while {drop.work} request(s) "
                 f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
                 f"drops a message larger than max_message_size "
@@ -357,8 +354,8 @@ class EngineWatch:
         """The liveness task: an engine silent for ``interval`` s is asked a cheap utility
         call, and is dead if nothing at all comes from it within ``deadline`` s (any
         message read from an engine proves it alive; :mod:`.liveness`)."""
-        await run_liveness(self._live, self.heard, self._calls, self._healthy,
-                           self._fail_engines, interval, deadline)
+        await run_liveness(self._live, self.heard, self._calls, self._reports, interval,
+                           deadline)
 
 
 def _engines(ranks: Sequence[int]) -> str:

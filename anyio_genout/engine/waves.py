@@ -120,10 +120,10 @@ class WaveControl:
 
     __slots__ = ("_engines", "_send", "_unfinished", "state")
 
-    def __init__(self, send: Callable[[int, list[bytes]], None],
-                 engines: Callable[[], Collection[int]],
+    def __init__(self, send: Callable[[int, list[bytes]], None], engines: Collection[int],
                  unfinished: Callable[[int], int]) -> None:
-        """``unfinished(engine)``: requests sent to ``engine`` that have not ended."""
+        """``engines``: the ranks of the engines up (the client's set, kept current by it);
+        ``unfinished(engine)``: requests sent to ``engine`` that have not ended."""
         self._send = send
         self._engines = engines
         self._unfinished = unfinished
@@ -157,5 +157,5 @@ class WaveControl:
         if start is None:
             return
         frames = start.frames()
-        for engine in sorted(self._engines()):
+        for engine in sorted(self._engines):
             self._send(engine, frames)

@@ -23,6 +23,7 @@ from anyio_genout import (
     FinishReason,
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout.testing import input_queued
 from anyio_genout.transport import free_tcp_address
 from tests.faults.support import engine_request, generate_request
 from tests.support import wait_until
@@ -125,11 +126,11 @@ async def test_abort_returns_after_handing_its_frame_to_zeromq() -> None:
     async with mock_engines() as (address, (engine,)):
         config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address))
         async with Client.connect(config) as client:
-            outbox = client.engine._input
             for i in range(16):  # the sender task may or may not run first: never rely on it
                 async with client.generate(generate_request(f"r{i}", max_tokens=LONG)) as stream:
                     await client.abort([f"r{i}"])
-                    assert outbox.queued == 0, "abort() returned with its ABORT still queued"
+                    assert input_queued(client.engine) == 0, \
+                        "abort() returned with its ABORT still queued"
                     await aborted(engine, i + 1)  # it reaches the engine promptly
                     outputs = [out async for out in stream]
                     assert [o.finish_reason for o in outputs] == [FinishReason.ABORT]
@@ -138,7 +139,7 @@ async def test_abort_returns_after_handing_its_frame_to_zeromq() -> None:
             async with client.generate(generate_request("left", max_tokens=LONG)) as stream:
                 internal = stream.request_id
             await client.engine.abort([internal])
-            assert outbox.queued == 0
+            assert input_queued(client.engine) == 0
             # Cancelled before it starts, abort() does nothing.
             async with client.generate(generate_request("kept", max_tokens=LONG)) as stream:
                 with anyio.CancelScope() as scope:

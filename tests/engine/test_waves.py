@@ -103,7 +103,7 @@ def test_control_broadcasts_to_every_engine_up_and_counts_unfinished() -> None:
     sent: list[tuple[int, list[object]]] = []
     unfinished = {0: 0, 1: 0, 2: 0}
     control = WaveControl(lambda engine, frames: sent.append(
-        (engine, msgpack.unpackb(frames[1]))), lambda: {2, 0, 1}, unfinished.__getitem__)
+        (engine, msgpack.unpackb(frames[1]))), {2, 0, 1}, unfinished.__getitem__)
     control.request(1)
     assert sent == [(0, [0, 1]), (1, [0, 1]), (2, [0, 1])]
     sent.clear()
