@@ -36,6 +36,7 @@ from anyio_genout import (
     SamplingParams,
 )
 from anyio_genout.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
+from anyio_genout.testing import input_junk
 from tests.engine.fake import FakeEngine, free_port
 from tests.support import wait_until
 
@@ -318,7 +319,7 @@ async def test_messages_sent_to_the_input_socket_are_discarded() -> None:
             blob = b"\x00" * 2**20
             for _ in range(256):  # 256 MiB in total
                 await intruder.send([blob])
-            await wait_until(lambda: t.client._input.junk >= 256, 10)
+            await wait_until(lambda: input_junk(t.client) >= 256, 10)
             gc.collect()
             assert process.memory_info().rss - before < 96 * 2**20
             assert t.client.is_healthy
