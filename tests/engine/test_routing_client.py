@@ -4,18 +4,14 @@ wins, and the engines' cached-token counts correct the router's memory."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import pytest
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, SamplingParams
+from anyio_genout import EngineCoreClient, SamplingParams
 from anyio_genout.engine.routing import PrefixRouter
-from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import EngineCoreRequest
-from anyio_genout.transport import free_tcp_address
+from tests.cluster import mock_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -32,23 +28,6 @@ def req(rid: str, prompt: list[int], **kw: Any) -> EngineCoreRequest:
                              arrival_time=0.0, **kw)
 
 
-@asynccontextmanager
-async def cluster(engines: int, routing: str | None = "prefix",
-                  **engine_config: Any) -> AsyncIterator[EngineCoreClient]:
-    """``engines`` mock engines and a client routing by ``routing`` (None: the default)."""
-    address = free_tcp_address()
-    async with anyio.create_task_group() as tg:
-        for rank in range(engines):
-            tg.start_soon(MockEngine(MockEngineConfig(rank=rank, handshake_address=address,
-                                                      **engine_config)).serve)
-        knobs = {} if routing is None else {"routing": routing}
-        config = EngineCoreClientConfig(handshake_address=address, engine_count=engines,
-                                        **knobs)  # type: ignore[arg-type]
-        async with EngineCoreClient.connect(config) as client:
-            yield client
-        tg.cancel_scope.cancel()
-
-
 async def run(client: EngineCoreClient, request: EngineCoreRequest) -> tuple[int, int]:
     """(engine, num_cached_tokens of the first output) of ``request`` run to its end."""
     cached = -1
@@ -61,7 +40,8 @@ async def run(client: EngineCoreClient, request: EngineCoreRequest) -> tuple[int
 
 
 async def test_a_request_follows_its_system_prompt_to_the_engine_that_cached_it() -> None:
-    async with cluster(2) as client:
+    async with mock_cluster(2, routing="prefix") as cluster:
+        client = cluster.client
         async with client.call(req("a0", [*system(0), 1, 2])) as a0, \
                 client.call(req("b0", [*system(1), 1, 2])) as b0:
             assert (a0.engine_index, b0.engine_index) == (0, 1)  # new prompts: by load
@@ -80,7 +60,8 @@ async def test_a_request_follows_its_system_prompt_to_the_engine_that_cached_it(
 
 async def test_an_engine_that_evicted_corrects_the_router() -> None:
     # The engine keeps 5 blocks, far fewer than the KV cache it reports (the router's cap).
-    async with cluster(1, prefix_cache_blocks=5) as client:
+    async with mock_cluster(1, mock={"prefix_cache_blocks": 5}, routing="prefix") as cluster:
+        client = cluster.client
         router = client.router
         assert isinstance(router, PrefixRouter)
         before = router.capacity(0)
@@ -94,7 +75,8 @@ async def test_an_engine_that_evicted_corrects_the_router() -> None:
 
 
 async def test_load_routing_is_the_default_and_ignores_prefixes() -> None:
-    async with cluster(2, routing=None) as client:
+    async with mock_cluster(2) as cluster:  # the default routing
+        client = cluster.client
         assert client.config.routing == "load"
         await run(client, req("a0", [*system(0), 1]))
         async with client.call(req("hold", [1, 2, 3])) as hold:

@@ -4,9 +4,9 @@ down, and takes a restarted engine back (handshake owner and bootstrapped); with
 ``"fail"`` the client fails as a whole, and a restarted engine is refused saying so (it used
 to be refused as "engine 0 is up", although the log had declared it dead).
 
-Mock engines in this event loop (``tests/faults/test_rejoin.py``'s cluster); the CLI's
-``serve`` over engine processes killed with SIGKILL is in
-``tests/server/test_serve_lifecycle.py``.
+Mock engines in this event loop (``tests/cluster.py``'s, with
+``tests/faults/test_rejoin.py``'s settings); the CLI's ``serve`` over engine processes
+killed with SIGKILL is in ``tests/server/test_serve_lifecycle.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import anyio
 import pytest
 
 from anyio_genout import EngineCoreClientConfig, EngineDeadError, HandshakeTimeoutError
-from tests.faults.test_rejoin import cluster, stream
+from tests.cluster import generate_client
+from tests.faults.test_rejoin import settings, stream
 from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -27,10 +28,10 @@ WAIT = {"last_engine_death": "wait"}
 
 @pytest.mark.parametrize("way", ["sentinel", "sockets closed"])
 async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> None:
-    async with cluster(2, **WAIT) as c:
-        engine = c.engine
+    async with generate_client(**settings(2, **WAIT)) as (_, c):
+        engine = c.client
         for rank in (0, 1):  # the client learns which connection is whose
-            assert (await stream(c.client, f"first{rank}", rank=rank))[0] == rank
+            assert (await stream(c.front, f"first{rank}", rank=rank))[0] == rank
         for rank in (0, 1):
             await c.kill(rank, way)
         # Healthy, engineless: a request and a utility call fail at once, naming both.
@@ -39,7 +40,7 @@ async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> No
         assert set(engine.engine_health) == {0, 1}
         assert all(why is not None for why in engine.engine_health.values())
         with anyio.fail_after(1), pytest.raises(EngineDeadError) as refused:
-            await stream(c.client, "nobody")
+            await stream(c.front, "nobody")
         message = str(refused.value)
         assert message.startswith("every engine is down (engine 0")
         assert "engine 1" in message and refused.value.ranks == (0, 1)
@@ -49,7 +50,7 @@ async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> No
 
         new = await c.restart(1)
         assert engine.live_engines == [1]
-        ran_on, tokens = await stream(c.client, "back")
+        ran_on, tokens = await stream(c.front, "back")
         assert ran_on == 1 and len(tokens) == 8
         assert any(rid.startswith("back") for rid in new.added_ids)
         assert await engine.call_utility("is_sleeping") == [False]
@@ -60,30 +61,30 @@ async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> No
 
 
 async def test_one_engine_dies_and_comes_back_three_times() -> None:
-    async with cluster(1, **WAIT) as c:
+    async with generate_client(**settings(1, **WAIT)) as (_, c):
         for round_ in range(3):
             await c.kill(0, "sockets closed")
-            assert c.engine.is_healthy and c.engine.live_engines == []
+            assert c.client.is_healthy and c.client.live_engines == []
             await c.restart(0)
-            assert (await stream(c.client, f"round{round_}"))[0] == 0
-        assert c.engine.in_flight == 0
+            assert (await stream(c.front, f"round{round_}"))[0] == 0
+        assert c.client.in_flight == 0
 
 
 async def test_a_bootstrapped_client_takes_back_its_only_engine() -> None:
-    async with cluster(1, bootstrapped=True, **WAIT) as c:
+    async with generate_client(**settings(1, bootstrapped=True, **WAIT)) as (_, c):
         await c.kill(0, "sockets closed")
-        assert c.engine.is_healthy and c.engine.live_engines == []
+        assert c.client.is_healthy and c.client.live_engines == []
         await c.restart(0)
-        assert (await stream(c.client, "again"))[0] == 0
+        assert (await stream(c.front, "again"))[0] == 0
 
 
 async def test_a_failed_client_refuses_a_restart_saying_why(
         caplog: pytest.LogCaptureFixture) -> None:
     """The default: the last death fails the client; the restarted engine's HELLO is
     refused because the client failed, not because "engine 0 is up"."""
-    async with cluster(1) as c:
+    async with generate_client(**settings(1)) as (_, c):
         c.engines[0].die("killed by the test")
-        await wait_until(lambda: not c.engine.is_healthy, 5)
+        await wait_until(lambda: not c.client.is_healthy, 5)
         c.scopes[0].cancel()
         restarted = c.new_engine(0, handshake_timeout=0.5)
         with (caplog.at_level(logging.WARNING, "anyio_genout.engine"), anyio.fail_after(5),

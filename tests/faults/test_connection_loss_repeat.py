@@ -15,9 +15,10 @@ import anyio
 import pytest
 
 from anyio_genout import EngineCoreClient, EngineCoreRequest, ProtocolError, SamplingParams
+from tests.cluster import mock_cluster
 from tests.support import wait_until
 
-from .support import drain, engine_request, mock_cluster
+from .support import drain, engine_request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

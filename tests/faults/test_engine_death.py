@@ -19,16 +19,11 @@ from anyio_genout.cli.engines import ClientSession
 from anyio_genout.cli.main import build_parser
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
 from anyio_genout.protocol import ENGINE_CORE_DEAD
+from tests.cluster import generate_client, mock_cluster
 from tests.engine.fake import FakeEngine, free_port
 from tests.support import wait_until
 
-from .support import (
-    drain,
-    engine_request,
-    generate_client,
-    generate_request,
-    mock_cluster,
-)
+from .support import drain, engine_request, generate_request
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,7 @@ aborted on the engines that live.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -24,15 +23,12 @@ from prometheus_client import generate_latest
 
 from anyio_genout import (
     Client,
-    ClientConfig,
-    EngineCoreClient,
-    EngineCoreClientConfig,
     EngineDeadError,
     GenerateRequest,
     UtilityCallError,
 )
-from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
-from tests.engine.fake import free_port
+from anyio_genout.mock import MockFaults
+from tests.cluster import MockCluster, generate_client
 from tests.faults.support import generate_request
 from tests.support import wait_until
 
@@ -65,48 +61,17 @@ WAVE = _requests("w", STREAMS)
 LATER = _requests("later", AFTER)
 
 
-@attrs.define
-class Cluster:
-    client: Client
-    engines: list[MockEngine]
-    scopes: list[anyio.CancelScope]
-
-
-@asynccontextmanager
-async def cluster(victim_faults: MockFaults | None = None, *,
-                  mock: dict[str, Any] | None = None, generate: dict[str, Any] | None = None,
-                  **config: Any) -> AsyncIterator[Cluster]:
-    """``mock``: more MockEngineConfig settings; ``generate``: ClientConfig settings; the
-    rest: EngineCoreClientConfig settings."""
-    address = f"tcp://127.0.0.1:{free_port()}"
-    engines = [MockEngine(MockEngineConfig(
-        handshake_address=address, rank=rank, step_time=0.01, linger=0.0,
-        faults=(victim_faults if rank == VICTIM and victim_faults else MockFaults()),
-        **(mock or {})))
-        for rank in range(ENGINES)]
-    scopes = [anyio.CancelScope() for _ in engines]
-
-    async def serve(rank: int) -> None:
-        with scopes[rank]:
-            await engines[rank].serve()
-
+def settings(victim_faults: MockFaults | None = None, *,
+             mock: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
+    """:func:`generate_client`'s settings for this suite: ``ENGINES`` engines, engine
+    ``VICTIM`` with ``victim_faults``; ``mock``: more MockEngineConfig settings; the rest:
+    EngineCoreClientConfig settings, or ``generate`` (ClientConfig settings)."""
     # Only the silent engine needs the liveness check (short here; on a loaded machine a
     # short timeout could flag a live engine, so the other cases turn it off).
-    settings: dict[str, Any] = {"ready_timeout": 10.0, "disconnect_grace": 0.5,
-                                "liveness_interval": 0.2, "liveness_timeout": 1.0, **config}
-    async with anyio.create_task_group() as tg:
-        for rank in range(ENGINES):
-            tg.start_soon(serve, rank)
-        engine_config = EngineCoreClientConfig(handshake_address=address,
-                                               engine_count=ENGINES, **settings)
-        async with EngineCoreClient.connect(engine_config) as engine:
-            client = Client(engine, ClientConfig(engine=engine_config, model_name="faults",
-                                                 **(generate or {})))
-            try:
-                yield Cluster(client, engines, scopes)
-            finally:
-                client.metrics.unregister()
-        tg.cancel_scope.cancel()
+    return {"engines": ENGINES, "mock": {"step_time": 0.01, "linger": 0.0, **(mock or {})},
+            "overrides": {VICTIM: {"faults": victim_faults}} if victim_faults else {},
+            "disconnect_grace": 0.5, "liveness_interval": 0.2, "liveness_timeout": 1.0,
+            **config}
 
 
 async def run_wave(client: Client, requests: Sequence[GenerateRequest],
@@ -138,9 +103,9 @@ async def reference() -> dict[str, list[int]]:
     """The tokens of an undisturbed run of both waves (computed once)."""
     if not _REFERENCE:
         tokens: dict[str, list[int]] = {}
-        async with cluster(liveness_interval=None) as undisturbed:
+        async with generate_client(**settings(liveness_interval=None)) as (_, undisturbed):
             for wave in (WAVE, LATER):
-                for rid, outcome in (await run_wave(undisturbed.client, wave)).items():
+                for rid, outcome in (await run_wave(undisturbed.front, wave)).items():
                     assert outcome.error is None
                     tokens[rid] = outcome.tokens
         _REFERENCE.update(tokens)
@@ -153,12 +118,12 @@ def engine_up(client: Client) -> dict[str, float]:
             for line in text.splitlines() if line.startswith("anyio_genout:engine_up{")}
 
 
-async def kill_by_cancelling(c: Cluster) -> None:
+async def kill_by_cancelling(c: MockCluster) -> None:
     await wait_until(lambda: c.engines[VICTIM].steps >= 3)
     c.scopes[VICTIM].cancel()  # its sockets close, as a killed process's do
 
 
-async def no_kill(c: Cluster) -> None:
+async def no_kill(c: MockCluster) -> None:
     return  # the fault is in the victim's MockFaults
 
 
@@ -177,8 +142,8 @@ WAYS: dict[str, tuple[MockFaults | None, Any, str, dict[str, Any]]] = {
 async def test_one_engine_dies_only_its_requests_fail_and_the_rest_serve(way: str) -> None:
     expected = await reference()
     faults, kill, message, config = WAYS[way]
-    async with cluster(faults, **config) as c:
-        client, engine = c.client, c.client.engine
+    async with generate_client(**settings(faults, **config)) as (_, c):
+        client, engine = c.front, c.client
         assert engine_up(client) == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
         async with anyio.create_task_group() as tg:
             started = anyio.Event()
@@ -233,8 +198,8 @@ async def test_one_engine_dies_only_its_requests_fail_and_the_rest_serve(way: st
 
 
 async def test_the_last_engine_death_makes_the_client_unhealthy() -> None:
-    async with cluster(liveness_interval=None) as c:
-        engine = c.client.engine
+    async with generate_client(**settings(liveness_interval=None)) as (_, c):
+        engine = c.client
         for rank in (0, 1, 3):
             c.scopes[rank].cancel()
         await wait_until(lambda: engine.live_engines == [VICTIM], 5)
@@ -247,12 +212,13 @@ async def test_the_last_engine_death_makes_the_client_unhealthy() -> None:
         assert str(engine.health_error).startswith("engine 2")
         assert engine.live_engines == []
         assert all(isinstance(why, EngineDeadError) for why in engine.engine_health.values())
-        assert engine_up(c.client) == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
+        assert engine_up(c.front) == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 0.0}
 
 
 async def test_a_utility_call_reports_the_engine_that_died_while_it_waited() -> None:
-    async with cluster(MockFaults(silent_after_steps=0), liveness_interval=0.3) as c:
-        engine = c.client.engine
+    async with generate_client(**settings(MockFaults(silent_after_steps=0),
+                                          liveness_interval=0.3)) as (_, c):
+        engine = c.client
         with anyio.fail_after(5), pytest.raises(UtilityCallError) as info:
             await engine.call_utility("is_sleeping")  # engine 2 never answers
         error = info.value
@@ -263,10 +229,11 @@ async def test_a_utility_call_reports_the_engine_that_died_while_it_waited() -> 
 
 
 async def test_whole_client_policy_fails_everything_and_aborts_on_the_survivors() -> None:
-    async with cluster(MockFaults(dead_after_steps=3), engine_failure="client",
-                       liveness_interval=None) as c:
-        wave = await run_wave(c.client, WAVE[:100])
-        engine = c.client.engine
+    async with generate_client(**settings(MockFaults(dead_after_steps=3),
+                                          engine_failure="client",
+                                          liveness_interval=None)) as (_, c):
+        wave = await run_wave(c.front, WAVE[:100])
+        engine = c.client
         assert not engine.is_healthy
         assert str(engine.health_error).startswith(
             "an engine core sent ENGINE_CORE_DEAD (engine 2)")

@@ -37,10 +37,11 @@ from anyio_genout import (
 )
 from anyio_genout.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
 from anyio_genout.testing import input_junk
+from tests.cluster import mock_cluster
 from tests.engine.fake import FakeEngine, free_port
 from tests.support import wait_until
 
-from .support import RawPeer, drain, engine_request, mock_cluster, raw_pusher
+from .support import RawPeer, drain, engine_request, raw_pusher
 
 pytestmark = pytest.mark.anyio
 

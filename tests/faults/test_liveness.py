@@ -17,9 +17,10 @@ import pytest
 from anyio_genout import EngineCoreClientConfig, EngineDeadError
 from anyio_genout.mock import MockFaults
 from anyio_genout.protocol import UtilityRequest
+from tests.cluster import mock_cluster
 from tests.support import wait_until
 
-from .support import drain, engine_request, mock_cluster
+from .support import drain, engine_request
 
 pytestmark = pytest.mark.anyio
 

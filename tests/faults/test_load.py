@@ -16,9 +16,10 @@ import pytest
 
 from anyio_genout import GenerateOutput
 from anyio_genout.mock import MockFaults
+from tests.cluster import generate_client
 from tests.support import wait_until
 
-from .support import drain, generate_client, generate_request, success_total
+from .support import drain, generate_request, success_total
 
 pytestmark = pytest.mark.anyio
 

@@ -32,10 +32,11 @@ from anyio_genout import (
 from anyio_genout.generate import FinishReasonKind
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import AddRequest
+from tests.cluster import generate_client, mock_cluster
 from tests.engine.fake import free_port
 from tests.protocol._hostile_requests import OBSERVED, observed_request
 
-from .support import drain, engine_request, generate_client, generate_request, mock_cluster
+from .support import drain, engine_request, generate_request
 
 pytestmark = pytest.mark.anyio
 

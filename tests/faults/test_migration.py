@@ -32,13 +32,13 @@ from anyio_genout import (
     TextRequest,
 )
 from anyio_genout.mock import MockFaults, greedy_tokens, sampled_tokens
+from tests.cluster import MockCluster, generate_client
 from tests.faults.support import generate_request
 from tests.faults.test_engine_failure_per_engine import (
     ENGINES,
     VICTIM,
     WAYS,
-    Cluster,
-    cluster,
+    settings,
 )
 from tests.support import wait_until
 from tests.text.client_support import corpus, tokenizer
@@ -125,8 +125,9 @@ async def run_wave(client: Client, requests: Sequence[GenerateRequest],
 async def reference() -> dict[str, Outcome]:
     """An undisturbed run of the wave (greedy: the same on every backend), computed once."""
     if not _REFERENCE:
-        async with cluster(liveness_interval=None, mock=MOCK) as undisturbed:
-            wave = await run_wave(undisturbed.client, WAVE)
+        async with generate_client(**settings(liveness_interval=None, mock=MOCK)) as (
+                _, undisturbed):
+            wave = await run_wave(undisturbed.front, WAVE)
         assert all(o.error is None and o.migrations == 0 for o in wave.values())
         # The late token-id stop sequences are met (the mock's own stops never are).
         assert all(isinstance(wave[f"w-{i}"].finish.stop_reason, tuple)  # type: ignore[union-attr]
@@ -146,8 +147,9 @@ def migrations_total(client: Client) -> dict[str, float]:
 async def test_with_migration_every_stream_finishes_as_if_undisturbed(way: str) -> None:
     expected = await reference()
     faults, kill, _message, config = WAYS[way]
-    async with cluster(faults, mock=MOCK, generate={"migration_limit": 2}, **config) as c:
-        client = c.client
+    async with generate_client(**settings(faults, mock=MOCK, generate={"migration_limit": 2},
+                                          **config)) as (_, c):
+        client = c.front
         wave: dict[str, Outcome] = {}
         async with anyio.create_task_group() as tg:
             started = anyio.Event()
@@ -190,15 +192,15 @@ async def test_with_migration_every_stream_finishes_as_if_undisturbed(way: str) 
             c.engines[VICTIM].aborted_ids)
 
 
-def kill_now(c: Cluster, rank: int) -> None:
+def kill_now(c: MockCluster, rank: int) -> None:
     """Stop engine ``rank`` (its sockets close) and tell the client at once, as a process
     watcher does (``engines.on_exit(client.engine.fail)``), instead of waiting for the
     disconnect probe."""
     c.scopes[rank].cancel()
-    c.client.engine.fail(EngineDeadError(f"engine {rank} exited (test)", ranks=(rank,)))
+    c.client.fail(EngineDeadError(f"engine {rank} exited (test)", ranks=(rank,)))
 
 
-async def _one_long_stream(c: Cluster, request: GenerateRequest, kills: int
+async def _one_long_stream(c: MockCluster, request: GenerateRequest, kills: int
                            ) -> tuple[list[int], BaseException | None, list[int]]:
     """One stream; each time it has moved as often as engines were killed so far and got
     3 more tokens, the engine running it is killed, ``kills`` times. Returns its tokens,
@@ -206,7 +208,7 @@ async def _one_long_stream(c: Cluster, request: GenerateRequest, kills: int
     tokens: list[int] = []
     error: BaseException | None = None
     killed: list[int] = []
-    async with anyio.create_task_group() as tg, c.client.generate(request) as stream:
+    async with anyio.create_task_group() as tg, c.front.generate(request) as stream:
         async def killer() -> None:
             for _ in range(kills):
                 await wait_until(lambda: stream.migrations == len(killed)
@@ -228,19 +230,19 @@ async def _one_long_stream(c: Cluster, request: GenerateRequest, kills: int
 async def test_a_request_out_of_migrations_gets_its_one_error() -> None:
     request = generate_request("long", prompt=(5, 6, 7), max_tokens=40)
     want = greedy_tokens((5, 6, 7), 40)
-    async with cluster(mock=MOCK, generate={"migration_limit": 1},
-                       liveness_interval=None) as c:
+    async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
+                                          liveness_interval=None)) as (_, c):
         tokens, error, killed = await _one_long_stream(c, request, kills=2)
         # Moved once (no gap, no duplicate), then its second engine's death surfaced.
         assert isinstance(error, EngineDeadError) and error.ranks == (killed[1],)
         assert tokens == want[:len(tokens)] and len(tokens) >= 6
-        assert c.client.metrics.migrations == {killed[0]: 1}
-        assert c.client.engine.is_healthy and c.client.engine.in_flight == 0
-    async with cluster(mock=MOCK, generate={"migration_limit": 2},
-                       liveness_interval=None) as c:
+        assert c.front.metrics.migrations == {killed[0]: 1}
+        assert c.client.is_healthy and c.client.in_flight == 0
+    async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 2},
+                                          liveness_interval=None)) as (_, c):
         tokens, error, killed = await _one_long_stream(c, request, kills=2)
         assert error is None and tokens == want  # two moves allowed: it finishes
-        assert c.client.metrics.migrations == {killed[0]: 1, killed[1]: 1}
+        assert c.front.metrics.migrations == {killed[0]: 1, killed[1]: 1}
 
 
 async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
@@ -251,8 +253,8 @@ async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
                               sampling_params=SamplingParams(temperature=1.0, seed=7,
                                                              max_tokens=40))
     undisturbed = sampled_tokens(prompt, 40, seed=7)
-    async with cluster(mock=MOCK, generate={"migration_limit": 1},
-                       liveness_interval=None) as c:
+    async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
+                                          liveness_interval=None)) as (_, c):
         tokens, error, _killed = await _one_long_stream(c, request, kills=1)
     assert error is None and len(tokens) == 40 and tokens != undisturbed
     moved_at = [k for k in range(3, 40) if tokens == undisturbed[:k] + sampled_tokens(
@@ -261,20 +263,21 @@ async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
 
 
 async def test_pinned_requests_are_not_migrated() -> None:
-    async with cluster(MockFaults(dead_after_steps=3), mock=MOCK,
-                       generate={"migration_limit": 3}, liveness_interval=None) as c:
+    async with generate_client(**settings(MockFaults(dead_after_steps=3), mock=MOCK,
+                                          generate={"migration_limit": 3},
+                                          liveness_interval=None)) as (_, c):
         pinned = attrs.evolve(generate_request("pinned", max_tokens=80),
                               data_parallel_rank=VICTIM)
-        wave = await run_wave(c.client, [pinned])
+        wave = await run_wave(c.front, [pinned])
         error = wave["pinned"].error
         assert isinstance(error, EngineDeadError) and error.ranks == (VICTIM,)
-        assert wave["pinned"].migrations == 0 and c.client.metrics.migrations == {}
+        assert wave["pinned"].migrations == 0 and c.front.metrics.migrations == {}
 
 
 async def test_leaving_the_scope_mid_migration_aborts_once_on_the_new_engine() -> None:
-    async with cluster(mock=MOCK, generate={"migration_limit": 1},
-                       liveness_interval=None) as c:
-        client, engine = c.client, c.client.engine
+    async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
+                                          liveness_interval=None)) as (_, c):
+        client, engine = c.front, c.client
         tokens: list[int] = []
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
@@ -312,9 +315,9 @@ async def test_leaving_the_scope_mid_migration_aborts_once_on_the_new_engine() -
 
 
 async def test_client_abort_by_external_id_reaches_the_continuation() -> None:
-    async with cluster(mock=MOCK, generate={"migration_limit": 1},
-                       liveness_interval=None) as c:
-        client = c.client
+    async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
+                                          liveness_interval=None)) as (_, c):
+        client = c.front
         finish: list[FinishReason | None] = []
         with anyio.fail_after(10):
             async with client.generate(generate_request("ext", max_tokens=300)) as stream:
@@ -386,26 +389,28 @@ async def test_text_and_stop_strings_are_seamless_across_a_migration(way: str) -
     faults, kill, _message, config = WAYS[way]
     mock = {**MOCK, "corpus_token_ids": corpus()}
     if not _TEXT_REFERENCE:
-        async with cluster(liveness_interval=None, mock=mock) as undisturbed:
-            _TEXT_REFERENCE.update(await run_text_wave(TextClient(undisturbed.client,
+        async with generate_client(**settings(liveness_interval=None, mock=mock)) as (
+                _, undisturbed):
+            _TEXT_REFERENCE.update(await run_text_wave(TextClient(undisturbed.front,
                                                                   tokenizer())))
     expected = _TEXT_REFERENCE
     stopped = [rid for rid, (_, _, finish) in expected.items()
                if finish is not None and isinstance(finish.stop_reason, str)]
     assert len(stopped) >= 10  # the stop strings are met (late) in the undisturbed run
-    async with cluster(faults, mock=mock, generate={"migration_limit": 1}, **config) as c:
+    async with generate_client(**settings(faults, mock=mock, generate={"migration_limit": 1},
+                                          **config)) as (_, c):
         results: dict[str, tuple[str, list[int], FinishReason | None]] = {}
         async with anyio.create_task_group() as tg:
             started = anyio.Event()
 
             async def streams() -> None:
-                results.update(await run_text_wave(TextClient(c.client, tokenizer()),
+                results.update(await run_text_wave(TextClient(c.front, tokenizer()),
                                                    started))
 
             tg.start_soon(streams)
             await started.wait()
             await kill(c)
-        moved = c.client.metrics.migrations.get(VICTIM, 0)
+        moved = c.front.metrics.migrations.get(VICTIM, 0)
         assert moved >= 5
         assert results == expected
         # A stop string matched after a move freed the request on its new engine, once.

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -27,15 +25,12 @@ from prometheus_client import generate_latest
 
 from anyio_genout import (
     Client,
-    ClientConfig,
-    EngineCoreClient,
-    EngineCoreClientConfig,
     EngineDeadError,
     HandshakeTimeoutError,
 )
-from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
+from anyio_genout.mock import MockEngine, MockFaults
 from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
-from tests.engine.fake import free_port
+from tests.cluster import MockCluster, generate_client
 from tests.faults.support import RawPeer, generate_request
 from tests.support import wait_until
 
@@ -44,83 +39,14 @@ pytestmark = pytest.mark.anyio
 VICTIM = 1
 
 
-@attrs.define
-class Cluster:
-    """Mock engines by rank (the latest one of each), each in a cancel scope of its own."""
-
-    client: Client
-    tg: anyio.abc.TaskGroup
-    mock: dict[str, Any]
-    engines: dict[int, MockEngine] = attrs.field(factory=dict)
-    scopes: dict[int, anyio.CancelScope] = attrs.field(factory=dict)
-    health: list[tuple[int, bool]] = attrs.field(factory=list)
-
-    @property
-    def engine(self) -> EngineCoreClient:
-        return self.client.engine
-
-    def new_engine(self, rank: int, **overrides: Any) -> MockEngine:
-        return MockEngine(MockEngineConfig(rank=rank, linger=0.0, **{**self.mock, **overrides}))
-
-    async def start(self, rank: int, **overrides: Any) -> MockEngine:
-        engine = self.engines[rank] = self.new_engine(rank, **overrides)
-        scope = self.scopes[rank] = anyio.CancelScope()
-
-        async def serve() -> None:
-            with scope:
-                await engine.serve()
-
-        self.tg.start_soon(serve)
-        return engine
-
-    async def kill(self, rank: int, way: str) -> None:
-        """Kill engine ``rank`` ``way`` and wait until the client has it down."""
-        if way == "sentinel":
-            self.engines[rank].die("killed by the test")
-            await wait_until(lambda: rank not in self.engine.live_engines, 5)
-        # Its sockets close, as a killed process's do (a real engine exits after the
-        # sentinel; the mock would stay connected).
-        self.scopes[rank].cancel()
-        await wait_until(lambda: rank not in self.engine.live_engines, 5)
-
-    async def restart(self, rank: int, **overrides: Any) -> MockEngine:
-        """Start a new engine of ``rank`` and wait until it rejoined."""
-        engine = await self.start(rank, **overrides)
-        await wait_until(lambda: rank in self.engine.live_engines, 5)
-        return engine
-
-
-@asynccontextmanager
-async def cluster(engines: int = 3, *, bootstrapped: bool = False,
-                  victim: dict[str, Any] | None = None,
-                  **config: Any) -> AsyncIterator[Cluster]:
-    """``engines`` mock engines (``victim``: the first engine ``VICTIM``'s overrides) and
-    a generate :class:`Client` over them."""
-    if bootstrapped:
-        inp, out = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-        mock: dict[str, Any] = {"input_address": inp, "output_addresses": (out,)}
-        addresses: dict[str, Any] = {"bootstrapped": True, "input_address": inp,
-                                     "output_address": out}
-    else:
-        address = f"tcp://127.0.0.1:{free_port()}"
-        mock = {"handshake_address": address}
-        addresses = {"handshake_address": address}
-    settings: dict[str, Any] = {"ready_timeout": 10.0, "disconnect_grace": 0.5,
-                                "liveness_interval": None, **addresses, **config}
-    engine_config = EngineCoreClientConfig(engine_count=engines, **settings)
-    async with anyio.create_task_group() as tg:
-        holder = Cluster(None, tg, {"step_time": 0.002, **mock})  # type: ignore[arg-type]
-        for rank in range(engines):
-            await holder.start(rank, **(victim or {}) if rank == VICTIM else {})
-        async with EngineCoreClient.connect(engine_config) as engine:
-            holder.client = Client(engine, ClientConfig(engine=engine_config,
-                                                        model_name="rejoin"))
-            engine.add_health_listener(lambda rank, up: holder.health.append((rank, up)))
-            try:
-                yield holder
-            finally:
-                holder.client.metrics.unregister()
-        tg.cancel_scope.cancel()
+def settings(engines: int = 3, *, victim: dict[str, Any] | None = None,
+             **config: Any) -> dict[str, Any]:
+    """:func:`generate_client`'s settings for this suite: ``engines`` mock engines
+    (``victim``: engine ``VICTIM``'s overrides), no liveness check; the rest:
+    :func:`generate_client`'s (``bootstrapped``) and EngineCoreClientConfig settings."""
+    return {"engines": engines, "mock": {"step_time": 0.002, "linger": 0.0},
+            "overrides": {VICTIM: victim} if victim else {}, "model_name": "rejoin",
+            "disconnect_grace": 0.5, "liveness_interval": None, **config}
 
 
 async def stream(client: Client, rid: str, *, rank: int | None = None,
@@ -158,9 +84,9 @@ def gauge(client: Client) -> dict[str, float]:
             for line in text.splitlines() if line.startswith("anyio_genout:engine_up{")}
 
 
-async def check_serves_again(c: Cluster, new: MockEngine, wave: str) -> None:
+async def check_serves_again(c: MockCluster, new: MockEngine, wave: str) -> None:
     """Requests pinned to the victim and routed ones reach the new engine."""
-    client, engine = c.client, c.engine
+    client, engine = c.front, c.client
     ranks = engine.engine_ranks
     assert engine.live_engines == ranks
     assert engine.engine_health == dict.fromkeys(ranks)
@@ -178,8 +104,8 @@ async def check_serves_again(c: Cluster, new: MockEngine, wave: str) -> None:
 
 @pytest.mark.parametrize("way", ["sentinel", "sockets closed"])
 async def test_a_killed_engine_restarted_rejoins_and_serves_again(way: str) -> None:
-    async with cluster() as c:
-        client, engine = c.client, c.engine
+    async with generate_client(**settings()) as (_, c):
+        client, engine = c.front, c.client
         old_ready = engine.ready_responses[VICTIM]
         # A stream on the victim when it dies fails with one error naming it.
         victim_stream = anyio.Event()
@@ -216,7 +142,7 @@ async def test_a_killed_engine_restarted_rejoins_and_serves_again(way: str) -> N
 
 async def test_a_hello_from_a_rank_that_is_up_is_refused(
         caplog: pytest.LogCaptureFixture) -> None:
-    async with cluster(2) as c:
+    async with generate_client(**settings(2)) as (_, c):
         duplicate = c.new_engine(0, handshake_timeout=0.3)
         with (caplog.at_level(logging.WARNING, "anyio_genout.engine"), anyio.fail_after(5),
               pytest.raises(HandshakeTimeoutError)):
@@ -224,15 +150,15 @@ async def test_a_hello_from_a_rank_that_is_up_is_refused(
         assert "refusing a HELLO from engine 0: engine 0 is up" in caplog.text
         assert not duplicate.ready
         # The engine that is up serves on, and nothing changed.
-        assert c.engine.live_engines == [0, 1] and c.health == []
-        assert (await stream(c.client, "still", rank=0))[0] == 0
+        assert c.client.live_engines == [0, 1] and c.health == []
+        assert (await stream(c.front, "still", rank=0))[0] == 0
         assert any(rid.startswith("still") for rid in c.engines[0].added_ids)
 
 
 async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
         caplog: pytest.LogCaptureFixture) -> None:
-    async with cluster(2) as c:
-        address = c.engine.config.handshake_address
+    async with generate_client(**settings(2)) as (_, c):
+        address = c.client.config.handshake_address
         with caplog.at_level(logging.WARNING, "anyio_genout.engine"):
             # Junk on the handshake socket after start-up, also under an engine's identity.
             for identity, junk in ((b"stray", [b"\xc1"]), (b"\x00\x00", [b"\xc1"]),
@@ -250,7 +176,7 @@ async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
                 "not one of this client's (ranks 0..1; elastic growth is not supported)"
                 in caplog.text)
         assert "ignoring a message on the handshake socket from b'stray'" in caplog.text
-        assert c.engine.is_healthy and c.engine.live_engines == [0, 1]
+        assert c.client.is_healthy and c.client.live_engines == [0, 1]
         # A READY from an engine that sent no HELLO is junk too.
         peer = RawPeer(zmq.DEALER, identity=b"\x00\x00").connect(address)
         try:
@@ -262,18 +188,19 @@ async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
         # Rejoining still works after all that.
         await c.kill(VICTIM, "sockets closed")
         new = await c.restart(VICTIM)
-        assert (await stream(c.client, "back", rank=VICTIM))[0] == VICTIM
+        assert (await stream(c.front, "back", rank=VICTIM))[0] == VICTIM
         assert any(rid.startswith("back") for rid in new.added_ids)
 
 
 async def test_a_hung_engine_restarted_takes_over_its_identity_and_rejoins() -> None:
     # The hung engine's process lives on with its connections open (found by the liveness
     # check): the new engine takes its identity over (ROUTER_HANDOVER) on both sockets.
-    async with cluster(victim={"faults": MockFaults(silent_after_steps=0)},
-                       liveness_interval=0.2, liveness_timeout=2.0) as c:
+    async with generate_client(**settings(victim={"faults": MockFaults(silent_after_steps=0)},
+                                          liveness_interval=0.2,
+                                          liveness_timeout=2.0)) as (_, c):
         hung = c.engines[VICTIM]
-        await wait_until(lambda: VICTIM not in c.engine.live_engines, 10)
-        assert "did not answer a liveness check" in str(c.engine.engine_health[VICTIM])
+        await wait_until(lambda: VICTIM not in c.client.live_engines, 10)
+        assert "did not answer a liveness check" in str(c.client.engine_health[VICTIM])
         new = await c.restart(VICTIM)
         await check_serves_again(c, new, "hung")
         assert not hung.added_ids  # nothing went to the old process
@@ -284,44 +211,44 @@ def _open_fds() -> int:
 
 
 async def test_restarting_an_engine_again_and_again_leaks_nothing() -> None:
-    async with cluster() as c:
+    async with generate_client(**settings()) as (_, c):
         fds: list[int] = []
         for n, way in enumerate(["sockets closed", "sentinel", "sockets closed"]):
             await c.kill(VICTIM, way)
             new = await c.restart(VICTIM)
             await check_serves_again(c, new, f"round{n}")
-            await wait_until(lambda: c.engine.pending_utility_calls == 0)
+            await wait_until(lambda: c.client.pending_utility_calls == 0)
             await anyio.sleep(0.1)  # the old engine's context is terminated by now
             fds.append(_open_fds())
         assert c.health == [(VICTIM, False), (VICTIM, True)] * 3
-        assert c.engine.in_flight == 0 and c.engine.is_healthy
+        assert c.client.in_flight == 0 and c.client.is_healthy
         # Steady state: the later restarts hold no more descriptors than the first.
         assert fds[2] <= fds[0], fds
 
 
 async def test_a_bootstrapped_engine_that_registers_again_rejoins() -> None:
-    async with cluster(bootstrapped=True) as c:
+    async with generate_client(**settings(bootstrapped=True)) as (_, c):
         await c.kill(VICTIM, "sockets closed")
-        assert c.engine.live_engines == [0, 2]
-        assert gauge(c.client)["1"] == 0.0
+        assert c.client.live_engines == [0, 2]
+        assert gauge(c.front)["1"] == 0.0
         new = await c.restart(VICTIM, vllm_version="0.33.1")
-        assert c.engine.ready_responses[VICTIM].vllm_version == "0.33.1"
+        assert c.client.ready_responses[VICTIM].vllm_version == "0.33.1"
         assert c.health == [(VICTIM, False), (VICTIM, True)]
         await check_serves_again(c, new, "boot")
 
 
 async def test_an_engine_of_an_unsupported_version_is_refused_and_stays_down(
         caplog: pytest.LogCaptureFixture) -> None:
-    async with cluster(2) as c:
+    async with generate_client(**settings(2)) as (_, c):
         await c.kill(VICTIM, "sockets closed")
         with caplog.at_level(logging.ERROR, "anyio_genout.engine"):
             await c.start(VICTIM, vllm_version="0.99.0")
             await wait_until(lambda: "engine 1 came back but is refused" in caplog.text)
         assert "0.99.0" in caplog.text
-        assert c.engine.live_engines == [0]
+        assert c.client.live_engines == [0]
         with pytest.raises(EngineDeadError, match="engine 1 is down"):
-            await stream(c.client, "nope", rank=VICTIM)
+            await stream(c.front, "nope", rank=VICTIM)
         # A supported restart after it rejoins.
         c.scopes[VICTIM].cancel()
         await c.restart(VICTIM)
-        assert (await stream(c.client, "yes", rank=VICTIM))[0] == VICTIM
+        assert (await stream(c.front, "yes", rank=VICTIM))[0] == VICTIM

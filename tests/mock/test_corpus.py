@@ -7,7 +7,7 @@ import pytest
 
 from anyio_genout import GenerateRequest, SamplingParams, collect_output
 from anyio_genout.mock import MockEngineConfig, greedy_tokens, sampled_tokens, tokens
-from tests.faults.support import generate_client
+from tests.cluster import generate_client
 
 #: A corpus with every id distinct, so a stretch of it shows where it started.
 CORPUS = tuple(range(500, 800))

@@ -29,7 +29,7 @@ from anyio_genout import (
 )
 from anyio_genout.protocol import AddRequest, decode_request, encode_add
 from anyio_genout.protocol.structured_outputs import choice_as_grammar
-from tests.faults.support import generate_client
+from tests.cluster import generate_client
 
 from ._hostile_requests import client_frames, hostile, observed_request
 from ._hyp import fuzz_settings

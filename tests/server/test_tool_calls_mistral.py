@@ -22,7 +22,7 @@ from anyio_genout.server import create_app
 from anyio_genout.text.bundled import bundled_model_dir
 from anyio_genout.text.client import TextClient
 from anyio_genout.text.tokenizer import Tokenizer
-from tests.faults.support import generate_client
+from tests.cluster import generate_client
 from tests.server.support import MODEL, serving
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,8 @@ from anyio_genout.protocol import AddRequest
 from anyio_genout.text.bundled import bundled_corpus, bundled_tokenizer
 from anyio_genout.text.client import TextClient
 from anyio_genout.text.tokenizer import Tokenizer
-from tests.faults.support import MockCluster, generate_client, success_total
+from tests.cluster import MockCluster, generate_client
+from tests.faults.support import success_total
 
 __all__ = ["PROMPT", "TextSetup", "added", "corpus", "predicted", "success_total",
            "text_client", "tokenizer"]

@@ -168,7 +168,7 @@ async def test_a_bad_request_is_refused_naming_the_field_with_nothing_sent(
 
 async def test_a_tokenizer_larger_than_the_clients_vocabulary_is_refused() -> None:
     from anyio_genout.text.client import TextClient
-    from tests.faults.support import generate_client
+    from tests.cluster import generate_client
 
     async with generate_client(vocab_size=512, mock={"vocab_size": 512}) as (client, _):
         with pytest.raises(ValueError, match=r"1024 tokens.*vocab_size=512"):
