@@ -112,9 +112,10 @@ class Health:
 
         Every open stream receives the error once, every waiting utility call fails with it,
         and every later call fails with it at once. The requests it ends are aborted on the
-        engines still alive (not on a dead one, nor after a transport failure). Used by the
-        reader and by process watchers (e.g. the managed vLLM engine: ``on_exit``);
-        synchronous and idempotent.
+        engines still alive (not on a dead one, nor after a transport failure). What the
+        parts report (:meth:`.reports.HealthReports.fail`) and what
+        :meth:`EngineCoreClient.fail <.client.EngineCoreClient.fail>` does for process
+        watchers; synchronous and idempotent.
         """
         if (isinstance(error, EngineDeadError) and error.ranks
                 and self._config.engine_failure == "engine"):
