@@ -241,6 +241,11 @@ async def test_sixteen_concurrent_requests(client: Client) -> None:
                 tg.start_soon(one, i)
     assert sorted(results) == list(range(16))
     assert all(len(tokens) == 32 for tokens in results.values())
+    # Batched, each is what it is alone (greedy): no request got another's tokens.
+    for i in (0, 7, 15):
+        alone = await generate(client, [1, 5 + i, 6, 7, 8], greedy(32, ignore_eos=True),
+                               f"alone{i}")
+        assert alone.token_ids == results[i], i
 
 
 async def test_repeated_long_prompt_reports_cached_tokens(client: Client,
