@@ -1,26 +1,35 @@
 """Helpers for the server tests: ``create_app`` over a text client and a corpus-mode mock
-engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loop."""
+engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loop
+(:func:`served`, :func:`serving`); and ``anyio-genout serve`` as a child process
+(:func:`serve_process`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Final
 
 import anyio
+import attrs
 import httpx
 import pytest
 from hypercorn.config import Config
 
 from anyio_genout.server import create_app
 from anyio_genout.transport import free_tcp_port
+from tests.cli.support import CLI, free_port
 from tests.support import wait_until
 from tests.text.client_support import TextSetup, text_client
 
-__all__ = ["MODEL", "Served", "open_sse", "served", "serving", "wait_for_health", "wait_until"]
+__all__ = ["MODEL", "ServeProcess", "Served", "open_sse", "serve_process", "served", "serving",
+           "wait_for_health", "wait_until"]
 
 MODEL = "test-model"
 
@@ -56,6 +65,130 @@ async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
         await asyncio_serve(app, config, shutdown_trigger=shutdown.wait)
         return
     await trio_serve(app, config, shutdown_trigger=shutdown.wait)
+
+
+#: Seconds a ``serve`` child may take to come up (its embedded engine included).
+STARTUP: Final = 30.0
+
+
+@attrs.define(eq=False)
+class ServeProcess:
+    """``anyio-genout serve`` running as a child of the test (:func:`serve_process`)."""
+
+    child: subprocess.Popen[str]
+    #: ``http://127.0.0.1:<port>`` (empty for a server on a unix socket alone).
+    base: str
+    #: Its stderr, line by line, as read so far (all of it once :func:`serve_process` ended).
+    lines: list[str] = attrs.field(factory=list)
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    @property
+    def err(self) -> str:
+        """Its stderr so far (all of it once :func:`serve_process` ended)."""
+        return "".join(self.lines)
+
+    def alive(self) -> None:
+        """Fail, with what it wrote, if it has exited."""
+        assert self.child.poll() is None, self.err
+
+    def wait_ready(self, client: httpx.Client | None = None) -> None:
+        """Block until ``/health`` answers 200 (at :attr:`base`, or through ``client``: TLS,
+        a unix socket), ``STARTUP`` seconds at most; fail at once if it exits first."""
+        deadline = time.monotonic() + STARTUP
+        while True:
+            try:
+                answer = (client.get("/health") if client is not None
+                          else httpx.get(f"{self.base}/health"))
+                if answer.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            self.alive()
+            assert time.monotonic() < deadline, f"the server did not come up: {self.err}"
+            time.sleep(0.05)
+
+    def workers(self) -> list[int]:
+        """The supervisor's child processes (``--workers``; trio starts them from a thread)."""
+        pids = []
+        for task in os.listdir(f"/proc/{self.child.pid}/task"):
+            with open(f"/proc/{self.child.pid}/task/{task}/children") as f:
+                pids.extend(int(pid) for pid in f.read().split())
+        return sorted(pids)
+
+
+def _read_stderr(child: subprocess.Popen[str], lines: list[str]) -> None:
+    assert child.stderr is not None
+    for line in child.stderr:
+        lines.append(line)
+
+
+@contextmanager
+def serve_process(*args: str, port: int | None = None, ready: bool = True,
+                  env: Mapping[str, str] | None = None, stop: str = "sigint",
+                  exit_code: int | None = None,
+                  announce: str = r"serving '.*' on (http://\S+)") -> Iterator[ServeProcess]:
+    """``anyio-genout serve ARGS --port PORT`` as a child (stdin and stdout closed, stderr
+    read into :attr:`ServeProcess.lines` as it comes).
+
+    ``port``: None picks a free one; 0 lets the server pick and reads the one it says it
+    serves on; with ``--uds`` in ``args`` no port is added unless given. ``ready``: wait
+    for ``/health`` before yielding. ``env``: more environment variables. At the end,
+    ``stop="sigint"`` interrupts it and waits (20 s), ``"kill"`` kills it; either way only
+    if it still runs. ``exit_code``: what its exit status must then be (when the block
+    raised nothing)."""
+    if stop not in ("sigint", "kill"):
+        raise ValueError(f"stop: {stop!r} is neither 'sigint' nor 'kill'")
+    own: tuple[str, ...] = ()
+    if "--port" in args:  # the line names it
+        port = int(args[args.index("--port") + 1])
+    elif port is not None or "--uds" not in args:
+        port = free_port("127.0.0.1") if port is None else port
+        own = ("--port", str(port))
+    line = [*CLI, "serve", *args, *own]
+    child = subprocess.Popen(line, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL,
+                             env=None if env is None else {**os.environ, **env})
+    server = ServeProcess(child, f"http://127.0.0.1:{port}" if port else "")
+    reader = threading.Thread(target=_read_stderr, args=(child, server.lines), daemon=True)
+    reader.start()
+    try:
+        if port == 0:
+            server.base = _announced(server, announce)
+        if ready and server.base:
+            server.wait_ready()
+        yield server
+    finally:
+        if child.poll() is None:
+            if stop == "sigint":
+                child.send_signal(signal.SIGINT)
+                try:
+                    child.wait(20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            else:
+                child.kill()
+        child.wait(10)
+        reader.join(10)  # it reads to the end of the output
+        assert child.stderr is not None
+        child.stderr.close()
+    if exit_code is not None:
+        assert child.returncode == exit_code, server.err
+
+
+def _announced(server: ServeProcess, announce: str) -> str:
+    """The URL a ``serve --port 0`` says it serves on (``STARTUP`` seconds at most)."""
+    deadline = time.monotonic() + STARTUP
+    while True:
+        for line in list(server.lines):
+            found = re.search(announce, line)
+            if found:
+                return found.group(1)
+        server.alive()
+        assert time.monotonic() < deadline, f"the server did not say its port: {server.err}"
+        time.sleep(0.02)
 
 
 def wait_for_health(base: str, child: subprocess.Popen[str]) -> None:

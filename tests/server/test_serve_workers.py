@@ -9,76 +9,21 @@ import re
 import signal
 import socket
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import httpx
 import pytest
 
 from tests.cli.support import CLI
-
-STARTUP = 30.0
-
-
-class Server:
-    def __init__(self, child: subprocess.Popen[str], base: str) -> None:
-        self.child = child
-        self.base = base
-        self.lines: list[str] = []
-
-    @property
-    def port(self) -> int:
-        return int(self.base.rsplit(":", 1)[1])
-
-    def workers(self) -> list[int]:
-        """The supervisor's child processes (the workers; trio starts them from a thread)."""
-        pids = []
-        for task in os.listdir(f"/proc/{self.child.pid}/task"):
-            with open(f"/proc/{self.child.pid}/task/{task}/children") as f:
-                pids.extend(int(pid) for pid in f.read().split())
-        return sorted(pids)
+from tests.server.support import ServeProcess, serve_process
 
 
-def _read_rest(child: subprocess.Popen[str], lines: list[str]) -> None:
-    assert child.stderr is not None
-    for line in child.stderr:
-        lines.append(line)
-
-
-@contextmanager
-def serving(*extra: str, backend: str = "asyncio") -> Iterator[Server]:
-    child = subprocess.Popen([*CLI, "serve", "--workers", "2", "--port", "0", "--backend",
-                              backend, *extra], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    reader = None
-    try:
-        assert child.stderr is not None
-        seen: list[str] = []
-        deadline = time.monotonic() + STARTUP
-        base = None
-        for line in child.stderr:
-            seen.append(line)
-            found = re.search(r"serving '.*' on (http://\S+) with 2 workers", line)
-            if found:
-                base = found.group(1)
-                break
-            assert time.monotonic() < deadline, "".join(seen)
-        assert base is not None, "".join(seen)  # it exited before serving
-        server = Server(child, base)
-        server.lines.extend(seen)
-        reader = threading.Thread(target=_read_rest, args=(child, server.lines), daemon=True)
-        reader.start()
-        yield server
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait(10)
-        if reader is not None:
-            reader.join(10)  # it reads to the end of the output
-        assert child.stderr is not None
-        child.stderr.close()
+def serving(*extra: str, backend: str = "asyncio") -> AbstractContextManager[ServeProcess]:
+    """``serve --workers 2`` on a port it picks, up once the supervisor says so; killed at
+    the end if it still runs."""
+    return serve_process("--workers", "2", "--backend", backend, *extra, port=0, ready=False,
+                         stop="kill", announce=r"serving '.*' on (http://\S+) with 2 workers")
 
 
 def _gone(pid: int) -> bool:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,52 +16,27 @@ import pytest
 
 from anyio_genout.text.bundled import bundled_model_dir
 from tests.cli.support import CLI, cli, free_port
-from tests.server.support import wait_for_health
+from tests.server.support import serve_process
 
 MODEL = str(bundled_model_dir())
-
-
-@contextmanager
-def serving(*args: str) -> Iterator[subprocess.Popen[str]]:
-    """``anyio-genout serve ARGS`` as a child; SIGINT at the end, and it must exit 130."""
-    child = subprocess.Popen([*CLI, "serve", *args], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    try:
-        yield child
-    finally:
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)
-    assert child.returncode == 130, err
-
-
-def wait_until_up(client: httpx.Client, child: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if client.get("/health").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert child.poll() is None, child.communicate()
-        assert time.monotonic() < deadline, "the server did not come up"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_vllm_serve_line_serves_with_engines_dialing_in(backend: str) -> None:
     port, rpc = free_port("127.0.0.1"), free_port("127.0.0.1")
-    with serving(MODEL, "--api-server-count", "2", "--data-parallel-address", "127.0.0.1",
-                 "--data-parallel-rpc-port", str(rpc), "--data-parallel-size", "1",
-                 "--served-model-name", "org/m", "--root-path", "/proxy",
-                 "--allowed-origins", '["http://ui.example"]', "--port", str(port),
-                 "--backend", backend) as child:
+    with serve_process(MODEL, "--api-server-count", "2", "--data-parallel-address",
+                       "127.0.0.1", "--data-parallel-rpc-port", str(rpc),
+                       "--data-parallel-size", "1", "--served-model-name", "org/m",
+                       "--root-path", "/proxy", "--allowed-origins", '["http://ui.example"]',
+                       "--port", str(port), "--backend", backend, ready=False,
+                       exit_code=130) as server:
         engine = subprocess.Popen([*CLI, "mock-engine", "--handshake-address",
                                    f"tcp://127.0.0.1:{rpc}", "--model", MODEL],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   stdin=subprocess.DEVNULL)
         try:
             base = f"http://127.0.0.1:{port}"
-            wait_for_health(base, child)
+            server.wait_ready()
             body = {"model": "org/m", "prompt": "Once upon a time", "max_tokens": 3}
             for path in ("/v1/completions", "/proxy/v1/completions"):  # with the prefix too
                 answer = httpx.post(base + path, json=body)
@@ -85,11 +57,9 @@ def test_a_vllm_serve_line_serves_with_engines_dialing_in(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_vllms_small_routes(backend: str) -> None:
-    port = free_port("127.0.0.1")
-    with serving("--port", str(port), "--backend", backend, "--served-model-name", "m",
-                 "--api-key", "k") as child:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process("--backend", backend, "--served-model-name", "m", "--api-key", "k",
+                       exit_code=130) as server:
+        base = server.base
         for method in ("GET", "POST"):
             assert httpx.request(method, f"{base}/ping").status_code == 200
         version = httpx.get(f"{base}/version")  # open, as /health, without the key
@@ -165,11 +135,11 @@ def _self_signed(folder: Path) -> tuple[Path, Path]:
 def test_tls_is_served(tmp_path: Path, backend: str) -> None:
     cert, key = _self_signed(tmp_path)
     port = free_port("127.0.0.1")
-    with serving("--port", str(port), "--backend", backend, "--ssl-certfile", str(cert),
-                 "--ssl-keyfile", str(key)) as child:
+    with serve_process("--port", str(port), "--backend", backend, "--ssl-certfile", str(cert),
+                       "--ssl-keyfile", str(key), ready=False, exit_code=130) as server:
         trusted = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=trusted) as client:
-            wait_until_up(client, child)
+            server.wait_ready(client)
             answer = client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
             assert answer.status_code == 200, answer.text
         with pytest.raises(httpx.TransportError):  # plain HTTP is not served there
@@ -185,10 +155,10 @@ def test_an_ssl_file_alone_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_unix_socket_is_served(tmp_path: Path, backend: str) -> None:
     path = tmp_path / "genout.sock"
-    with serving("--uds", str(path), "--backend", backend) as child:
+    with serve_process("--uds", str(path), "--backend", backend, exit_code=130) as server:
         deadline = time.monotonic() + 20
         while not path.exists():  # bound before the engines are up: then it queues
-            assert child.poll() is None, child.communicate()
+            server.alive()
             assert time.monotonic() < deadline, "the socket was not bound"
             time.sleep(0.05)
         transport = httpx.HTTPTransport(uds=str(path))
@@ -207,11 +177,9 @@ def test_chat_template_replaces_the_folders(tmp_path: Path, backend: str, where:
     if where == "file":
         (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
         template = str(tmp_path / "t.jinja")
-    port = free_port("127.0.0.1")
-    with serving("--port", str(port), "--backend", backend, "--api-server-count", "2",
-                 "--chat-template", template) as child:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process("--backend", backend, "--api-server-count", "2", "--chat-template",
+                       template, exit_code=130) as server:
+        base = server.base
         tokens = httpx.post(f"{base}/tokenize", json={
             "messages": [{"role": "user", "content": "Once upon"}]}).json()["tokens"]
         prompt = httpx.post(f"{base}/detokenize", json={"tokens": tokens}).json()["prompt"]
@@ -228,10 +196,8 @@ def test_a_chat_template_path_that_does_not_open_is_refused(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_max_logprobs_bounds_what_a_request_may_ask(backend: str) -> None:
-    port = free_port("127.0.0.1")
-    with serving("--port", str(port), "--backend", backend, "--max-logprobs", "2") as child:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process("--backend", backend, "--max-logprobs", "2", exit_code=130) as server:
+        base = server.base
         body = {"prompt": "Once", "max_tokens": 2}
         ok = httpx.post(f"{base}/v1/completions", json={**body, "logprobs": 2})
         assert ok.status_code == 200, ok.text
