@@ -5,8 +5,6 @@ every route but the liveness ones (``api_key_scope="all"``)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from typing import Any
 
@@ -15,8 +13,8 @@ import httpx
 import pytest
 
 from anyio_genout.server import create_app
-from tests.cli.support import CLI, free_port
-from tests.server.support import MODEL, served, serving, wait_for_health
+from tests.cli.support import CLI
+from tests.server.support import MODEL, serve_process, served, serving
 from tests.text.client_support import text_client
 
 pytestmark = pytest.mark.anyio
@@ -160,24 +158,16 @@ def test_create_app_refuses_an_empty_key_and_an_unknown_scope() -> None:
 
 
 def test_serve_reads_vllm_api_key_and_guards_all_with_the_flag() -> None:
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--api-key-scope", "all"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL, env={**os.environ, "VLLM_API_KEY": KEY})
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process("--api-key-scope", "all", env={"VLLM_API_KEY": KEY}) as server:
+        base = server.base
         denied = httpx.get(f"{base}/metrics")
         allowed = httpx.get(f"{base}/metrics", headers=GOOD)
         body = {"prompt": "Once upon a time", "max_tokens": 2}
         completion = httpx.post(f"{base}/v1/completions", json=body, headers=GOOD)
-    finally:
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)
     assert denied.status_code == 401
     assert allowed.status_code == 200
     assert completion.status_code == 200, completion.text
-    assert KEY not in err
+    assert KEY not in server.err
     refused = subprocess.run([*CLI, "serve", "--api-key", ""], capture_output=True,
                              text=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
     assert refused.returncode != 0 and "--api-key must not be empty" in refused.stderr

@@ -4,9 +4,7 @@ choices, the limits against hostile clients, structured outputs."""
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
 import time
 from typing import Any
 
@@ -16,13 +14,12 @@ import httpx
 import openai
 import pytest
 
-from tests.cli.support import CLI, free_port
 from tests.server.support import (
     MODEL,
     OPENAI_STREAM_GC,
     Served,
+    serve_process,
     served,
-    wait_for_health,
     wait_until,
 )
 from tests.text.client_support import PROMPT, added
@@ -273,15 +270,9 @@ async def test_a_lone_surrogate_is_400_naming_where_it_is() -> None:
 
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_serve_times_out_a_slow_loris_and_passes_its_limits_on(backend: str) -> None:
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", backend,
-                              "--keep-alive-timeout", "0.5", "--max-n", "2",
-                              "--max-body-size", "300"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process("--backend", backend, "--keep-alive-timeout", "0.5", "--max-n", "2",
+                       "--max-body-size", "300") as server:
+        base, port = server.base, server.port
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")  # never ends
             conn.settimeout(5)
@@ -292,9 +283,6 @@ def test_serve_times_out_a_slow_loris_and_passes_its_limits_on(backend: str) -> 
         many = httpx.post(f"{base}/v1/completions", json={**body, "n": 3})
         big = httpx.post(f"{base}/v1/completions", json={**body, "prompt": "x" * 300})
         ok = httpx.post(f"{base}/v1/completions", json={**body, "n": 2})
-    finally:
-        child.send_signal(signal.SIGINT)
-        child.communicate(timeout=20)
     assert waited < 3
     assert many.status_code == 400 and many.json()["error"]["param"] == "n"
     assert big.status_code == 413

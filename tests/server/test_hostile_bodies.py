@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import json
 import select
-import signal
 import socket
 import struct
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import httpx
 import pytest
 
-from tests.cli.support import CLI, free_port
-from tests.server.support import wait_for_health
+from tests.server.support import ServeProcess, serve_process
 
 KEY = "hostile-key"
 LIMIT = 1000
@@ -30,24 +26,11 @@ HEAD = (b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%s\r\
 CHUNK = b"100\r\n" + b"x" * 256 + b"\r\n"  # a 256-byte chunk: 4 of them pass LIMIT
 
 
-@contextmanager
-def _server(backend: str) -> Iterator[tuple[int, list[str]]]:
-    """``serve`` on a free port with small limits; yields (port, [its stderr]) and stops it;
-    the stderr is filled in once it has exited."""
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", backend,
-                              "--api-key", KEY, "--max-body-size", str(LIMIT),
-                              "--body-timeout", "0.5"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-    log: list[str] = []
-    try:
-        wait_for_health(f"http://127.0.0.1:{port}", child)
-        yield port, log
-    finally:
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)
-        log.append(err)
+def _server(backend: str) -> AbstractContextManager[ServeProcess]:
+    """``serve`` on a free port with small limits, stopped at the end (its ``err`` is all of
+    its stderr then)."""
+    return serve_process("--backend", backend, "--api-key", KEY, "--max-body-size", str(LIMIT),
+                         "--body-timeout", "0.5")
 
 
 def _connect(port: int) -> socket.socket:
@@ -154,7 +137,8 @@ def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -
     def record(what: str, status: int | None) -> None:
         statuses.setdefault(what, set()).add(status)
 
-    with _server(backend) as (port, log):
+    with _server(backend) as server:
+        port = server.port
         for i in range(ROUNDS):
             for path, headers, want in HANG_UPS:
                 hang_up = ("close", "shut", "reset")[i % 3]
@@ -182,7 +166,7 @@ def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -
         ok = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={
             "prompt": "Once upon a time", "max_tokens": 2}, headers={
             "authorization": f"Bearer {KEY}"})
-    err = log[0]
+    err = server.err
     assert ok.status_code == 200, ok.text
     assert statuses["invalid"] == {400}
     assert statuses["bad chunk"] == {400}
@@ -198,7 +182,8 @@ def test_hostile_bodies_many_times_leave_no_traceback_in_the_log(backend: str) -
 def test_an_oversize_chunked_body_is_answered_and_the_connection_closed(backend: str) -> None:
     """However many chunks the client has queued, the 413 (or 401) comes and the server
     then closes the connection: no task is left waiting on a body nobody reads."""
-    with _server(backend) as (port, log):
+    with _server(backend) as server:
+        port = server.port
         answers = []
         for headers in (AUTH, b""):
             with _connect(port) as conn:
@@ -209,4 +194,4 @@ def test_an_oversize_chunked_body_is_answered_and_the_connection_closed(backend:
     for answer in answers:
         body = json.loads(answer.partition(b"\r\n\r\n")[2])
         assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in log[0], log[0][-3000:]
+    assert "Traceback" not in server.err, server.err[-3000:]

@@ -12,16 +12,13 @@ what the mock cannot do is refused clearly, what it shows is real.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.cli.support import CLI, free_port
-from tests.server.support import wait_for_health
+from tests.server.support import serve_process
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 MESSAGES: Any = [{"role": "user", "content": "Tell me about the lighthouse"}]
@@ -30,21 +27,11 @@ MESSAGES: Any = [{"role": "user", "content": "Tell me about the lighthouse"}]
 @pytest.fixture(scope="module", params=["asyncio", "uvloop", "trio"])
 def server(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
     """``anyio-genout serve`` (embedded mock, shipped tokenizer) on a free port."""
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", request.param],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
-        with openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0,
-                           timeout=20) as client:
-            yield client
-    finally:
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)
-    assert child.returncode == 130, err
-    assert "Traceback" not in err
+    with serve_process("--backend", request.param, exit_code=130) as server, \
+            openai.OpenAI(base_url=f"{server.base}/v1", api_key="none", max_retries=0,
+                          timeout=20) as client:
+        yield client
+    assert "Traceback" not in server.err
 
 
 def _says_why(error: openai.APIError, field: str) -> None:

@@ -6,8 +6,6 @@ stopped within its budget (400) while ``/health`` and the other streams go on.""
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import time
 from typing import Any
 
@@ -16,8 +14,7 @@ import httpx
 import pytest
 
 from anyio_genout.text import chat_template
-from tests.cli.support import CLI, free_port
-from tests.server.support import MODEL, served, wait_for_health
+from tests.server.support import MODEL, serve_process, served
 from tests.text.client_support import added, tokenizer
 
 pytestmark = pytest.mark.anyio
@@ -104,17 +101,8 @@ async def test_a_runaway_template_is_stopped_while_health_answers() -> None:
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_serve_trusts_request_templates_only_with_the_flag(backend: str) -> None:
     for options, status in (((), 400), (("--trust-request-chat-template",), 200)):
-        port = free_port("127.0.0.1")
-        child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--backend", backend,
-                                  "--served-model-name", MODEL, *options],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                 stdin=subprocess.DEVNULL)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_for_health(base, child)
-            answer = httpx.post(f"{base}/v1/chat/completions", json=_chat(chat_template=OWN),
-                                timeout=10)
+        with serve_process("--backend", backend, "--served-model-name", MODEL,
+                           *options) as server:
+            answer = httpx.post(f"{server.base}/v1/chat/completions",
+                                json=_chat(chat_template=OWN), timeout=10)
             assert answer.status_code == status, answer.text
-        finally:
-            child.send_signal(signal.SIGINT)
-            child.communicate(timeout=20)

@@ -3,15 +3,11 @@ does (a dashboard filtering on ``model_name`` finds them); ``--model-name`` stil
 
 from __future__ import annotations
 
-import signal
-import subprocess
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.cli.support import CLI, free_port
-from tests.server.support import wait_for_health
+from tests.server.support import serve_process
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -19,21 +15,13 @@ pytestmark = pytest.mark.timeout(60)
 def _model_names(*options: str) -> tuple[set[str], float | None]:
     """The ``model_name`` labels of every ``vllm:`` sample after one completion, and its
     ``vllm:request_success_total{finished_reason="length"}``."""
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), *options],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
+    with serve_process(*options) as server:
+        base = server.base
         model = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
         done = httpx.post(f"{base}/v1/completions", json={
             "model": model, "prompt": "Once upon a time", "max_tokens": 3})
         assert done.status_code == 200, done.text
         text = httpx.get(f"{base}/metrics").text
-    finally:
-        child.send_signal(signal.SIGINT)
-        child.communicate(timeout=20)
     names, success = set(), None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
