@@ -24,6 +24,7 @@ import attrs
 
 from anyio_genout import Client, ClientConfig, EngineCoreClient, EngineCoreClientConfig
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
+from anyio_genout.mock.waves import WaveGroup
 from anyio_genout.transport import free_tcp_address
 from tests.support import wait_until
 
@@ -48,6 +49,8 @@ class MockCluster:
     engines: list[MockEngine] = attrs.field(factory=list)
     scopes: list[anyio.CancelScope] = attrs.field(factory=list)
     health: list[tuple[int, bool]] = attrs.field(factory=list)
+    #: The data-parallel wave group every engine is one of (None: no waves).
+    waves: WaveGroup | None = None
     _front: Client | None = None
 
     @property
@@ -65,7 +68,8 @@ class MockCluster:
     def new_engine(self, rank: int, **overrides: Any) -> MockEngine:
         """A mock engine of ``rank`` with the cluster's settings and ``overrides``, not
         started (for a test that serves it itself)."""
-        return MockEngine(MockEngineConfig(rank=rank, **{**self.settings, **overrides}))
+        return MockEngine(MockEngineConfig(rank=rank, **{**self.settings, **overrides}),
+                          waves=self.waves)
 
     async def start(self, rank: int, **overrides: Any) -> MockEngine:
         """Start a new engine of ``rank`` (replacing the one the cluster had) in a cancel
@@ -122,14 +126,15 @@ async def mock_cluster(engines: int = 1, *,
                        faults: MockFaults | Sequence[MockFaults] | None = None,
                        mock: Mapping[str, Any] | None = None,
                        overrides: Mapping[int, Mapping[str, Any]] | None = None,
-                       bootstrapped: bool = False,
+                       bootstrapped: bool = False, waves: WaveGroup | None = None,
                        **client_config: Any) -> AsyncIterator[MockCluster]:
     """``engines`` mock engines and an :class:`EngineCoreClient` over them.
 
     ``faults``: every engine's, or one per rank; ``mock``: MockEngineConfig settings of every
     engine (``linger`` 0.5 unless given); ``overrides``: by rank, more settings of that
     engine only (the first start; a restart takes its own). ``bootstrapped``: the engines
-    bind the input and output sockets the client was given, no handshake. The rest:
+    bind the input and output sockets the client was given, no handshake. ``waves``: every
+    engine is one of this wave group (``data_parallel_waves=True`` for the client). The rest:
     EngineCoreClientConfig settings (``ready_timeout`` 10 s unless given).
 
     The engines start before the client connects; the client is closed before they stop
@@ -149,7 +154,7 @@ async def mock_cluster(engines: int = 1, *,
                                     **{"ready_timeout": 10.0, **addresses, **client_config})
     async with anyio.create_task_group() as tg:
         cluster = MockCluster(None, {"linger": 0.5, **(mock or {}), **side},  # type: ignore[arg-type]
-                              tg)
+                              tg, waves=waves)
         for rank in range(engines):
             own = {"faults": by_rank[rank], **(overrides or {}).get(rank, {})}
             await cluster.start(rank, **own)

@@ -14,11 +14,11 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, SamplingParams
-from anyio_genout.mock import MockEngine, MockEngineConfig
+from anyio_genout import EngineCoreClient, SamplingParams
+from anyio_genout.mock import MockEngine
 from anyio_genout.mock.waves import WaveGroup, WaveMember
 from anyio_genout.protocol import AddRequest, EngineCoreRequest
-from anyio_genout.transport import free_tcp_address
+from tests.cluster import mock_cluster
 from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
@@ -35,19 +35,10 @@ def req(rid: str, rank: int | None = None, max_tokens: int = 3) -> EngineCoreReq
 async def group(engines: int = 2) -> AsyncIterator[
         tuple[EngineCoreClient, list[MockEngine], WaveGroup]]:
     """``engines`` mock engines in one wave group and a client following waves."""
-    address = free_tcp_address()
     waves = WaveGroup()
-    mocks = [MockEngine(MockEngineConfig(rank=rank, handshake_address=address,
-                                         step_time=0.001), waves=waves)
-             for rank in range(engines)]
-    async with anyio.create_task_group() as tg:
-        for mock in mocks:
-            tg.start_soon(mock.serve)
-        config = EngineCoreClientConfig(handshake_address=address, engine_count=engines,
-                                        data_parallel_waves=True)
-        async with EngineCoreClient.connect(config) as client:
-            yield client, mocks, waves
-        tg.cancel_scope.cancel()
+    async with mock_cluster(engines, waves=waves, mock={"step_time": 0.001},
+                            data_parallel_waves=True) as cluster:
+        yield cluster.client, cluster.engines, waves
 
 
 def member(engine: MockEngine) -> WaveMember:
