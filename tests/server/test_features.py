@@ -18,6 +18,7 @@ from tests.server.support import (
     MODEL,
     OPENAI_STREAM_GC,
     Served,
+    open_sse,
     serve_process,
     served,
     wait_until,
@@ -39,23 +40,6 @@ def _async(s: Served) -> openai.AsyncOpenAI:
 def _param(error: openai.APIStatusError) -> Any:
     assert isinstance(error.body, dict)
     return error.body["param"]
-
-
-async def _open_stream(s: Served, body: dict[str, Any], events: int = 3
-                       ) -> anyio.abc.SocketStream:
-    """A raw connection that posted a streamed completion and received ``events`` events
-    (closing it is a real disconnect)."""
-    data = json.dumps(body).encode()
-    port = int(s.base_url.rsplit(":", 1)[1])
-    conn = await anyio.connect_tcp("127.0.0.1", port)
-    await conn.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
-                    b"content-type: application/json\r\ncontent-length: "
-                    + str(len(data)).encode() + b"\r\n\r\n" + data)
-    seen = b""
-    with anyio.fail_after(5):
-        while seen.count(b"data: ") < events:
-            seen += await conn.receive()
-    return conn
 
 
 # ---------------------------------------------------------------------------------- n
@@ -111,8 +95,9 @@ async def test_n_streamed_choices_interleave_by_index() -> None:
 
 async def test_a_disconnect_aborts_every_choice_exactly_once() -> None:
     async with served(step_time=0.01) as s, httpx.AsyncClient() as http:
-        async with await _open_stream(s, {"model": MODEL, "prompt": PROMPT, "max_tokens": 1000,
-                                          "n": 3, "stream": True, "request_id": "drop"}, 6):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1000, "n": 3, "stream": True,
+                "request_id": "drop"}
+        async with await open_sse(s.base_url, body, 6):
             pass
         engine = s.setup.engine
         await wait_until(lambda: len(engine.aborted_ids) >= 3)
@@ -187,8 +172,8 @@ async def test_a_body_that_trickles_past_the_body_timeout_is_408() -> None:
 async def test_requests_beyond_max_concurrent_requests_are_429() -> None:
     async with served(step_time=0.01, app_options={"max_concurrent_requests": 1}) as s, \
             _async(s) as client:
-        async with await _open_stream(s, {"model": MODEL, "prompt": PROMPT,
-                                          "max_tokens": 1000, "stream": True}):
+        async with await open_sse(s.base_url, {"model": MODEL, "prompt": PROMPT,
+                                               "max_tokens": 1000, "stream": True}):
             with pytest.raises(openai.RateLimitError) as refused:
                 await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
             models = await client.models.list()  # not a generation: not limited
