@@ -1,5 +1,5 @@
 """Shared helpers for the fault suite: requests, raw peers, and checks (the mock cluster
-itself is ``tests/cluster.py``'s, re-exported here for the suites that import it from here).
+itself is ``tests/cluster.py``'s).
 
 Every helper binds on 127.0.0.1 with ephemeral ports; nothing leaves the machine.
 """
@@ -17,10 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from anyio_genout import Client, EngineCoreRequest, GenerateRequest, SamplingParams
 from anyio_genout.transport import ZmqSocket, new_context
-from tests.cluster import MockCluster, generate_client, mock_cluster
 
-__all__ = ["MockCluster", "RawPeer", "drain", "engine_request", "generate_client",
-           "generate_request", "mock_cluster", "raw_pusher", "success_total"]
+__all__ = ["RawPeer", "drain", "engine_request", "generate_request", "raw_pusher",
+           "success_total"]
 
 
 def engine_request(rid: str, *, max_tokens: int = 8, prompt: Sequence[int] = (11, 22),

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +16,11 @@ from anyio_genout.errors import InvalidRequestError
 from anyio_genout.server import create_app
 from anyio_genout.server.fingerprint import system_fingerprint
 from anyio_genout.text.client import TextClient
-from tests.cli.support import CLI, cli, free_port, read_results, write_lines
-from tests.faults.support import generate_client
+from tests.cli.support import cli, read_results, write_lines
+from tests.cluster import generate_client
 from tests.text.client_support import corpus, text_client, tokenizer
 
-from .support import MODEL, served, wait_for_health
+from .support import MODEL, serve_process, served
 
 pytestmark = pytest.mark.anyio
 
@@ -153,21 +151,12 @@ async def test_create_app_refuses_a_bad_fingerprint_option(options: dict[str, An
 
 
 def test_serve_sends_the_flags_fingerprint() -> None:
-    port = free_port("127.0.0.1")
-    child = subprocess.Popen([*CLI, "serve", "--port", str(port), "--served-model-name", "m",
-                              "--fingerprint-mode", "custom", "--fingerprint-value", "fp-cli"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for_health(base, child)
-        answer = httpx.post(f"{base}/v1/completions", json={**COMPLETION, "model": "m"})
+    with serve_process("--served-model-name", "m", "--fingerprint-mode", "custom",
+                       "--fingerprint-value", "fp-cli", exit_code=130) as server:
+        answer = httpx.post(f"{server.base}/v1/completions",
+                            json={**COMPLETION, "model": "m"})
         assert answer.status_code == 200, answer.text
         assert answer.json()["system_fingerprint"] == "fp-cli"
-    finally:
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=20)
-    assert child.returncode == 130, err
 
 
 @pytest.mark.parametrize(("line", "message"), [
