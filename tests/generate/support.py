@@ -53,7 +53,10 @@ def unique_model_name(prefix: str) -> str:
 async def generate_cluster(engines: int = 1, *, model_name: str = "genout-test",
                            randomize_request_ids: bool = True, eos_token_id: int | None = None,
                            **engine_config: Any) -> AsyncIterator[tuple[Client, list[FakeEngine]]]:
-    """Fake engines, a connected engine-core client, and the generate ``Client`` over it."""
+    """Fake engines, a connected engine-core client, and the generate ``Client`` over it.
+
+    The fakes are scripted (``tests/engine/fake.py``: the test sends each output itself);
+    for mock engines that generate on their own, ``tests/cluster.py``."""
     async with Cluster(engines, **engine_config) as (engine_client, fakes):
         config = ClientConfig(model_name=model_name, registry=None,
                               randomize_request_ids=randomize_request_ids,
