@@ -36,6 +36,7 @@ from anyio_genout import (
 from anyio_genout.engine.config import DEFAULT_HANDSHAKE_ADDRESS
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import UtilityRequest
+from tests.cluster import mock_cluster
 from tests.engine.fake import free_port
 from tests.support import wait_until
 
@@ -46,6 +47,10 @@ pytestmark = pytest.mark.anyio
 #: What the issue asks for: every open operation fails within this many seconds.
 DETECTION_BOUND = 5.0
 STREAMS = 20
+
+
+#: Mock engines stepping every 10 ms, closing without lingering.
+STEPPING = {"step_time": 0.01, "linger": 0.0}
 
 
 def default_config(address: str, engines: int = 1) -> EngineCoreClientConfig:
@@ -134,31 +139,21 @@ async def assert_dead_client(client: EngineCoreClient) -> None:
 async def test_an_engine_whose_sockets_close_fails_everything_within_5_s() -> None:
     """The engine's task is cancelled: its sockets close (what the kernel does for a killed
     process). It never comes back, so the client fails everything with one error."""
-    address = f"tcp://127.0.0.1:{free_port()}"
-    engine = MockEngine(MockEngineConfig(handshake_address=address, step_time=0.01,
-                                         linger=0.0))
     outcomes = Outcomes()
-    async with anyio.create_task_group() as engines:
-        engine_scope = anyio.CancelScope()
-
-        async def serve() -> None:
-            with engine_scope:
-                await engine.serve()
-
-        engines.start_soon(serve)
-        async with EngineCoreClient.connect(default_config(address)) as client:
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as tg:
-                    await open_operations(client, outcomes, tg)
-                    gone = time.monotonic()
-                    engine_scope.cancel()
-            detected = outcomes.assert_all_dead(STREAMS + 1, 0, gone)
-            assert detected >= client.config.disconnect_grace * 0.9  # it waited for a return
-            error = str(client.health_error)
-            assert error == ("engine 0: its connection to the client's input and output "
-                             "sockets closed and it did not answer or reconnect within 2 s "
-                             "(process killed, host gone or network cut)"), error
-            await assert_dead_client(client)
+    async with mock_cluster(mock=STEPPING, ready_timeout=20) as cluster:
+        client = cluster.client
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await open_operations(client, outcomes, tg)
+                gone = time.monotonic()
+                cluster.scopes[0].cancel()
+        detected = outcomes.assert_all_dead(STREAMS + 1, 0, gone)
+        assert detected >= client.config.disconnect_grace * 0.9  # it waited for a return
+        error = str(client.health_error)
+        assert error == ("engine 0: its connection to the client's input and output "
+                         "sockets closed and it did not answer or reconnect within 2 s "
+                         "(process killed, host gone or network cut)"), error
+        await assert_dead_client(client)
 
 
 @asynccontextmanager
@@ -338,36 +333,24 @@ def _utilities(engine: MockEngine) -> list[UtilityRequest]:
 
 
 async def test_one_of_two_engines_killed_is_named() -> None:
-    address = f"tcp://127.0.0.1:{free_port()}"
-    engines = [MockEngine(MockEngineConfig(handshake_address=address, rank=rank, linger=0.0,
-                                           step_time=0.01)) for rank in range(2)]
-    scopes = [anyio.CancelScope() for _ in engines]
+    # The whole-client policy (the per-engine one: test_engine_failure_per_engine.py).
+    async with mock_cluster(2, mock=STEPPING, ready_timeout=20,
+                            engine_failure="client") as cluster:
+        client = cluster.client
+        errors: list[BaseException | None] = []
 
-    async def serve(rank: int) -> None:
-        with scopes[rank]:
-            await engines[rank].serve()
+        async def one(rank: int) -> None:
+            request = engine_request(f"on-{rank}", max_tokens=4_000,
+                                     data_parallel_rank=rank)
+            async with client.call(request) as stream:
+                errors.append((await drain(stream))[1])
 
-    async with anyio.create_task_group() as tg:
-        for rank in range(2):
-            tg.start_soon(serve, rank)
-        # The whole-client policy (the per-engine one: test_engine_failure_per_engine.py).
-        config = attrs.evolve(default_config(address, 2), engine_failure="client")
-        async with EngineCoreClient.connect(config) as client:
-            errors: list[BaseException | None] = []
-
-            async def one(rank: int) -> None:
-                request = engine_request(f"on-{rank}", max_tokens=4_000,
-                                         data_parallel_rank=rank)
-                async with client.call(request) as stream:
-                    errors.append((await drain(stream))[1])
-
-            with anyio.fail_after(10):
-                async with anyio.create_task_group() as streams:
-                    for rank in (0, 1):
-                        streams.start_soon(one, rank)
-                    await wait_until(lambda: client.in_flight == 2)
-                    scopes[1].cancel()
-            assert len(errors) == 2 and all(isinstance(e, EngineDeadError) for e in errors)
-            error = str(client.health_error)
-            assert error.startswith("engine 1:"), error
-        tg.cancel_scope.cancel()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as streams:
+                for rank in (0, 1):
+                    streams.start_soon(one, rank)
+                await wait_until(lambda: client.in_flight == 2)
+                cluster.scopes[1].cancel()
+        assert len(errors) == 2 and all(isinstance(e, EngineDeadError) for e in errors)
+        error = str(client.health_error)
+        assert error.startswith("engine 1:"), error
