@@ -213,17 +213,20 @@ def _open_fds() -> int:
 async def test_restarting_an_engine_again_and_again_leaks_nothing() -> None:
     async with generate_client(**settings()) as (_, c):
         fds: list[int] = []
-        for n, way in enumerate(["sockets closed", "sentinel", "sockets closed"]):
+        ways = ["sockets closed", "sentinel", "sockets closed", "sentinel"]
+        for n, way in enumerate(ways):
             await c.kill(VICTIM, way)
             new = await c.restart(VICTIM)
             await check_serves_again(c, new, f"round{n}")
             await wait_until(lambda: c.client.pending_utility_calls == 0)
             await anyio.sleep(0.1)  # the old engine's context is terminated by now
             fds.append(_open_fds())
-        assert c.health == [(VICTIM, False), (VICTIM, True)] * 3
+        assert c.health == [(VICTIM, False), (VICTIM, True)] * len(ways)
         assert c.client.in_flight == 0 and c.client.is_healthy
-        # Steady state: the later restarts hold no more descriptors than the first.
-        assert fds[2] <= fds[0], fds
+        # Steady state: the later restarts hold no more descriptors than the second. (The
+        # first may open what a process opens once: the first test in an xdist worker saw
+        # [75, 82, 82].)
+        assert fds[3] <= fds[1], fds
 
 
 async def test_a_bootstrapped_engine_that_registers_again_rejoins() -> None:
