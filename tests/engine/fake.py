@@ -139,6 +139,9 @@ class Cluster:
     def __init__(self, engines: int = 1, **config: Any) -> None:
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.engines = [FakeEngine(rank) for rank in range(engines)]
+        # Scripted fakes answer nothing unasked: no liveness check, unless a test asks for one
+        # (a slow machine once put its is_sleeping where a test read the next ABORT).
+        config.setdefault("liveness_interval", None)
         self.config = EngineCoreClientConfig(
             handshake_address=self.address, engine_count=engines, ready_timeout=10, **config)
         self._tg: anyio.abc.TaskGroup | None = None

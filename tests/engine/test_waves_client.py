@@ -73,7 +73,7 @@ async def test_the_first_request_wakes_the_other_engines_and_the_group_then_paus
         assert await finish(client, req("a", rank=0)) >= 1
         assert member(e1).start_dp_waves == [(0, 0)]  # woken, the target excluded
         assert member(e0).start_dp_waves == [(0, 0)]  # (a broadcast: e0 ignores it)
-        assert member(e1).dummy_steps >= 1  # stepped with nothing to do
+        await wait_until(lambda: member(e1).dummy_steps >= 1, 5)  # stepped with nothing to do
         assert added_waves(e0) == [("a", 0)]
         await wait_until(lambda: waves.waves_completed == 1, 5)
         assert not member(e0).running and not member(e1).running

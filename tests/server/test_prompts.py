@@ -140,7 +140,9 @@ async def test_leaving_a_stream_of_several_prompts_aborts_every_choice_once() ->
         after = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
     assert len(sent) == 6
     assert sorted(engine.aborted_ids) == sent  # each child once
-    assert after.choices[0].text
+    # The server serves on (two random tokens may end inside a character: then no text).
+    assert after.choices[0].finish_reason == "length"
+    assert after.usage is not None and after.usage.completion_tokens == 2
 
 
 async def test_echo_with_logprobs_puts_the_prompts_logprobs_first() -> None:
