@@ -243,7 +243,8 @@ async def _send(http: httpx.AsyncClient, method: str, path: str, content: bytes 
 
 async def _still_serves(http: httpx.AsyncClient) -> None:
     response = await _send(http, "POST", "/v1/completions", json.dumps(
-        {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}).encode(),
+        {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4,
+         "ignore_eos": True}).encode(),
         {"content-type": "application/json"})
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 4

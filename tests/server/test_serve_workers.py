@@ -95,7 +95,8 @@ def test_two_workers_serve_one_port_from_one_engine_and_stop_on_sigint(backend: 
         workers = server.workers()
         assert len(workers) == 2
         answered = httpx.post(f"{server.base}/v1/completions", json={
-            "model": "anyio-genout", "prompt": "Once upon a time", "max_tokens": 4})
+            "model": "anyio-genout", "prompt": "Once upon a time", "max_tokens": 4,
+            "ignore_eos": True})
         assert answered.status_code == 200, answered.text
         assert answered.json()["usage"]["completion_tokens"] == 4
         streams = [_open_stream(server.port) for _ in range(12)]

@@ -90,7 +90,7 @@ async def test_stream_options_without_stream_are_refused_as_vllm(path: str) -> N
         assert error["param"] == "stream_options"
         assert "Stream options can only be defined when `stream=True`." in error["message"]
     assert empty.status_code == 200, empty.text
-    assert streamed[-1]["usage"]["completion_tokens"] == 3
+    assert 1 <= streamed[-1]["usage"]["completion_tokens"] <= 3  # (sampled: EOS may come first)
 
 
 # ------------------------------------------------ 3. chat echo shows the prompt's logprobs
