@@ -176,8 +176,13 @@ async def test_with_migration_every_stream_finishes_as_if_undisturbed(way: str) 
         for outcome in moved.values():
             assert outcome.first_engine == VICTIM and outcome.migrations == 1
             assert outcome.engine != VICTIM
-        # Token-id stop sequences met after a move (the stop sequence's state moved along).
-        assert any(int(rid[2:]) % 25 == 0 for rid in moved)
+        # Token-id stop sequences met after a move (the stop sequence's state moved along):
+        # every one that started on the victim moved (it needs 70 steps; the victim dies or
+        # goes silent long before), and its tokens above are the undisturbed run's. Which
+        # requests the victim gets is the router's choice: some runs give it none of them.
+        stops_on_victim = [rid for rid, o in wave.items()
+                           if int(rid[2:]) % 25 == 0 and o.first_engine == VICTIM]
+        assert all(rid in moved for rid in stops_on_victim), stops_on_victim
         assert migrations_total(client) == {str(VICTIM): float(len(moved))}
         assert client.metrics.migrations == {VICTIM: len(moved)}
         assert client.engine.in_flight == 0
