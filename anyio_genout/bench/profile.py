@@ -38,14 +38,21 @@ _AREAS: tuple[tuple[str, str], ...] = (
 )
 
 
-def area_of(path: str | None) -> str:
+def classify_path(path: str | None, areas: Sequence[tuple[str, str]], builtins: str) -> str:
+    """The name of the first of ``areas`` (path fragment, name) whose fragment is in
+    ``path``; ``builtins`` for no path or a generated one (``<...>``); else "other"."""
     if not path or path.startswith("<"):
-        return "builtins and generated code (time.time, len, attrs __init__, ...)"
+        return builtins
     path = path.replace("\\", "/")
-    for fragment, name in _AREAS:
+    for fragment, name in areas:
         if fragment in path:
             return name
     return "other"
+
+
+def area_of(path: str | None) -> str:
+    return classify_path(path, _AREAS,
+                         "builtins and generated code (time.time, len, attrs __init__, ...)")
 
 
 def _walk(frame: Any, ancestors: frozenset[str]) -> Iterator[tuple[Any, bool]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from .profile import classify_path
+
 __all__ = ["TARGET_LEVELS", "build_server_report", "format_server_table", "parse_bench_result",
            "server_area", "summarise_server_stacks"]
 
@@ -177,13 +179,7 @@ _SERVER_AREAS: Final = (
 
 def server_area(path: str | None) -> str:
     """The area of the server's code a source file belongs to."""
-    if not path or path.startswith("<"):
-        return "builtins and generated code"
-    path = path.replace("\\", "/")
-    for fragment, name in _SERVER_AREAS:
-        if fragment in path:
-            return name
-    return "other"
+    return classify_path(path, _SERVER_AREAS, "builtins and generated code")
 
 
 def _frame(text: str) -> tuple[str, str]:
