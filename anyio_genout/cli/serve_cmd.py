@@ -1,4 +1,5 @@
-"""``anyio-genout serve``: the OpenAI-compatible HTTP server (Hypercorn, trio or asyncio)."""
+"""``anyio-genout serve``: the OpenAI-compatible HTTP server (uvicorn or Hypercorn, asyncio
+or trio)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 
 from ..errors import UsageError
 from .backends import extra_message, importable
+from .http_server import HTTP_SERVERS, choose_http_server
 from .options import add_engine_options
 from .serve_http import http_url, listen, listen_unix, serve
 from .serve_vllm import add_http_options, check_vllm_args, serve_tokenizer
@@ -21,9 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "serve", help="serve the OpenAI HTTP API (completions, chat completions, ...)",
         description="Serve an OpenAI-compatible HTTP API (/v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /ping, /version, /metrics, "
-                    "/tokenize, /detokenize) in front of the engines, with Hypercorn on trio or "
-                    "asyncio. With no engine option an embedded mock engine continues the "
-                    "text shipped with anyio-genout. Needs the server extra "
+                    "/tokenize, /detokenize) in front of the engines, with uvicorn on asyncio "
+                    "or Hypercorn on trio. With no engine option an embedded mock engine "
+                    "continues the text shipped with anyio-genout. Needs the server extra "
                     "(pip install 'anyio-genout[server]'). Runs until SIGINT (exit 130) or "
                     "SIGTERM (a drain, see --shutdown-timeout; exit 0), or until no engine "
                     "is left (exit 1). A `vllm serve` line works with `vllm` replaced: "
@@ -57,6 +59,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model name clients send and /v1/models lists (default: "
                              "the --model or --vllm-model argument, else --model-name)")
+    parser.add_argument("--http-server", choices=HTTP_SERVERS, default=None,
+                        help="the HTTP server under the app: uvicorn (with httptools; "
+                             "asyncio and uvloop only) or Hypercorn (default: uvicorn, "
+                             "hypercorn with --backend trio)")
     add_http_options(parser)
     limits = parser.add_argument_group("limits (hostile clients)")
     limits.add_argument("--max-body-size", type=int, default=1 << 20, metavar="BYTES",
@@ -69,17 +75,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="completions and chat completions served at once; one more "
                              "is 429 (default: no limit)")
     limits.add_argument("--keep-alive-timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="Hypercorn's keep_alive_timeout: a connection must send a "
-                             "request's headers within it (slow-loris), and an idle one is "
-                             "closed after it (default: %(default)s)")
+                        help="a connection must send a request's head (at most 16 KiB) "
+                             "within this long of its start or of its previous response's "
+                             "end (slow-loris), and an idle one is closed after it "
+                             "(default: %(default)s)")
     limits.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
                         help="a request body must arrive whole within this long of its "
                              "request's start; else 408 (slow-loris bodies; default: "
                              "%(default)s)")
     limits.add_argument("--read-timeout", type=int, metavar="SECONDS",
-                        help="Hypercorn's read_timeout: close a connection that sends "
-                             "nothing for this long, even while its response streams "
-                             "(default: none; set it above your longest response)")
+                        help="close a connection that sends nothing for this long, even "
+                             "while its response streams (Hypercorn's read_timeout: needs "
+                             "--http-server hypercorn; default: none; set it above your "
+                             "longest response)")
     lifecycle = parser.add_argument_group("shutdown and engines that die")
     lifecycle.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
                            help="on SIGTERM, stop accepting connections (/health 503) and let "
@@ -106,9 +114,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def check_serve_args(args: argparse.Namespace) -> None:
     """Refuse bad options before anything starts, and resolve vLLM's spellings (the
     positional model, the data-parallel address); raises :class:`UsageError`."""
-    if not (importable("fastapi") and importable("hypercorn")):
-        raise UsageError(extra_message("anyio-genout serve", "server"))
     check_vllm_args(args)
+    needs = {"uvicorn": ("fastapi", "uvicorn", "httptools"),
+             "hypercorn": ("fastapi", "hypercorn")}[choose_http_server(args)]
+    if not all(map(importable, needs)):
+        raise UsageError(extra_message("anyio-genout serve", "server"))
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {args.port}")
     if args.api_key == "":

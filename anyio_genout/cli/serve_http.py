@@ -1,5 +1,6 @@
-"""One server process: Hypercorn on a listening socket, the app over a client of the
-engines (``anyio-genout serve``, and each worker of ``serve --workers``)."""
+"""One server process: the HTTP server (uvicorn or Hypercorn) on a listening socket, the
+app over a client of the engines (``anyio-genout serve``, and each worker of
+``serve --workers``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import socket
 import stat
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -20,7 +20,8 @@ from ..generate import Client
 from ..text.client import TextClient
 from ..text.tokenizer import Tokenizer
 from .engines import ClientSession, WorkerSockets
-from .serve_lifecycle import Lifecycle, hypercorn_logger, rejoin_timeout, watch_engines
+from .http_server import choose_http_server, http_server
+from .serve_lifecycle import Lifecycle, rejoin_timeout, watch_engines
 
 __all__ = ["http_url", "listen", "listen_unix", "serve", "served_model_name"]
 
@@ -72,7 +73,7 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                 worker: WorkerSockets | None = None, announce: str | None = None,
                 on_ready: Callable[[], None] | None = None,
                 stop: anyio.Event | None = None) -> int:
-    """Serve the API on the listening socket ``http_fd`` (Hypercorn closes it) until a
+    """Serve the API on the listening socket ``http_fd`` (the HTTP server closes it) until a
     signal or until ``stop`` is set; returns the exit status: 0 after SIGTERM (a drain of
     up to ``--shutdown-timeout`` seconds) or ``stop`` (the open requests aborted), 130
     after SIGINT (aborted at once).
@@ -86,19 +87,10 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
     ``--engine-rejoin-timeout`` seconds (an :class:`~anyio_genout.EngineDeadError` naming
     the engines down): the command then exits 1.
     """
-    from hypercorn.config import Config
-
     from ..server import create_app
 
-    config = Config()
-    config.bind = [f"fd://{http_fd}"]
-    config.accesslog = None
-    config.errorlog = hypercorn_logger()
-    config.keep_alive_timeout = args.keep_alive_timeout
-    config.read_timeout = args.read_timeout
-    config.certfile, config.keyfile = args.ssl_certfile, args.ssl_keyfile
-    config.root_path = args.root_path or ""
-    lifecycle = Lifecycle(config, args.shutdown_timeout)
+    server = http_server(choose_http_server(args), args, http_fd)
+    lifecycle = Lifecycle(server, args.shutdown_timeout)
     serving = False
 
     async def on_signal(*, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -158,22 +150,9 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                 serving_tasks.start_soon(on_stop)
                 serving_tasks.start_soon(on_engines, client)
                 serving_tasks.start_soon(lifecycle.drain, client)
-                await _serve(app, config, args.backend, lifecycle.stop)
+                await server.serve(app, lifecycle.stop)
                 serving_tasks.cancel_scope.cancel()
         tg.cancel_scope.cancel()
     if lifecycle.failure is not None:
         raise lifecycle.failure
     return 130 if lifecycle.signal == signal.SIGINT or not serving else 0
-
-
-async def _serve(app: Any, config: Any, backend: str, stop: anyio.Event) -> None:
-    """Serve until ``stop`` is set; then Hypercorn closes its listening socket, and its
-    connections get ``graceful_timeout`` seconds to finish before they are cancelled."""
-    if backend == "trio":
-        from hypercorn.trio import serve as trio_serve
-
-        await trio_serve(app, config, shutdown_trigger=stop.wait)
-    else:
-        from hypercorn.asyncio import serve as asyncio_serve
-
-        await asyncio_serve(app, config, shutdown_trigger=stop.wait)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
@@ -17,12 +16,13 @@ from ..engine.client import EngineCoreClient
 from ..engine.registry import why_down
 from ..errors import ClientUnhealthyError, EngineDeadError, GenoutError
 from ..generate import Client
+from .http_server import HttpServer
 
-__all__ = ["DRAIN_SLACK", "Lifecycle", "hypercorn_logger", "rejoin_timeout", "watch_engines"]
+__all__ = ["DRAIN_SLACK", "Lifecycle", "rejoin_timeout", "watch_engines"]
 
 logger = logging.getLogger("anyio_genout.serve")
 
-#: Seconds Hypercorn has, after the drain ended (its requests finished or aborted), to send
+#: Seconds the HTTP server has, after the drain ended (its requests finished or aborted), to send
 #: the last bytes of the responses and close the connections before it cancels them.
 DRAIN_SLACK: Final = 2.0
 #: Seconds between two looks at the requests still open while draining.
@@ -89,7 +89,7 @@ class Lifecycle:
     """The stop of one server process (``serve``, or a worker of ``serve --workers``).
 
     * SIGTERM (or :meth:`begin`): **drain**. ``draining`` turns true (``/health`` answers
-      503), Hypercorn is told to stop (it closes its listening socket at once, so new
+      503), the HTTP server is told to stop (it closes its listening socket at once, so new
       connections are refused, and lets the open ones finish), the open requests get up to
       ``shutdown_timeout`` seconds to finish, and those still open then are aborted (each
       stream ends with finish reason ``abort``; the engine gets one ABORT each). Exit 0.
@@ -98,10 +98,10 @@ class Lifecycle:
     * :meth:`fail` (the engines are gone): stop at once, the process exits 1.
     """
 
-    def __init__(self, hypercorn: Any, shutdown_timeout: float) -> None:
-        self._hypercorn = hypercorn
+    def __init__(self, server: HttpServer, shutdown_timeout: float) -> None:
+        self._server = server
         self._shutdown_timeout = shutdown_timeout
-        #: Hypercorn's shutdown trigger.
+        #: The HTTP server's shutdown trigger.
         self.stop = anyio.Event()
         self._begun = anyio.Event()
         self._abort_now = anyio.Event()
@@ -120,7 +120,7 @@ class Lifecycle:
             return
         self.draining = True
         self._wait = wait
-        self._hypercorn.graceful_timeout = wait + DRAIN_SLACK  # read when it stops
+        self._server.graceful_timeout = wait + DRAIN_SLACK  # read when it stops
         self._begun.set()
         self.stop.set()
 
@@ -157,21 +157,3 @@ class Lifecycle:
                 await client.abort()
             except GenoutError:  # the client failed meanwhile: its streams have ended
                 pass
-
-
-def hypercorn_logger() -> logging.Logger:
-    """Hypercorn's error log, printed once: its own handler, not propagated to the
-    command line's (which printed its "Running on ..." line a second time), and from
-    WARNING (the command prints its own line saying where it serves); everything, once,
-    through the command line's handler with ``--debug``."""
-    hypercorn = logging.getLogger("hypercorn.error")
-    if logging.getLogger().isEnabledFor(logging.DEBUG):
-        return hypercorn
-    hypercorn.propagate = False
-    hypercorn.setLevel(logging.WARNING)
-    if not hypercorn.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("anyio-genout: hypercorn: %(levelname)s: "
-                                               "%(message)s"))
-        hypercorn.addHandler(handler)
-    return hypercorn
