@@ -8,10 +8,14 @@ core emulator) and the ``anyio-genout`` command line.
 """
 
 from .engine import (
+    BootstrappedTransport,
     EngineCoreClient,
     EngineCoreClientConfig,
     EngineCoreOutputStream,
     EngineCoreStreamOutput,
+    HandshakeTransport,
+    HealthConfig,
+    RoutingConfig,
 )
 from .errors import (
     ChatTemplateError,
@@ -95,6 +99,10 @@ __all__ = [
     "DuplicateRequestIdError",
     "EngineCoreClient",
     "EngineCoreClientConfig",
+    "BootstrappedTransport",
+    "HandshakeTransport",
+    "HealthConfig",
+    "RoutingConfig",
     "EngineCoreOutputStream",
     "EngineCoreRequest",
     "EngineCoreStreamOutput",

@@ -175,7 +175,7 @@ class EngineDeadError(ClientUnhealthyError):
     """Sticky: an engine died or became unreachable.
 
     ``ranks``: the data-parallel ranks of the engines that died, when known (else None).
-    With ``EngineCoreClientConfig(engine_failure="engine")`` (the default) it fails only the
+    With ``HealthConfig(engine_failure="engine")`` (the default) it fails only the
     requests and calls of those engines while another engine lives; it makes the client
     unhealthy when the last engine dies (see docs/reliability.md).
     """

@@ -45,6 +45,7 @@ from anyio_genout import (
     Client,
     ClientConfig,
     EngineCoreClientConfig,
+    HandshakeTransport,
 )
 from anyio_genout.bench.measure import EngineProcess, free_port, freeze_gc
 from anyio_genout.bench.ours import churn_params, run_churn, run_streams
@@ -112,7 +113,7 @@ async def main(args: argparse.Namespace) -> float:
     address = f"tcp://127.0.0.1:{free_port()}"
     spec = CellSpec(impl="ours", backend=args.backend, workload="churn")
     with EngineProcess(address, spec):
-        config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+        config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                             ready_timeout=60.0))
         async with Client.connect(config) as client:
             fake = FakeEngine(client, args.steps_per_yield if args.workload == "batched" else 1)

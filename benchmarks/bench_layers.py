@@ -46,6 +46,7 @@ from anyio_genout import (
     EngineCoreClient,
     EngineCoreClientConfig,
     EngineCoreRequest,
+    HandshakeTransport,
     SamplingParams,
 )
 from anyio_genout.bench.floor import FloorClient
@@ -155,7 +156,7 @@ async def _async_rung(args: argparse.Namespace, rung: str, address: str,
                       engine_proc: EngineProcess) -> dict[str, Any]:
     spec = _spec(args, rung)
     ids = prompt(spec.prompt_len)
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=60)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=60)
     result: dict[str, Any] = {}
     if rung == "engine":
         async with EngineCoreClient.connect(config) as engine:

@@ -26,14 +26,21 @@ import sys
 
 import anyio
 
-from anyio_genout import Client, ClientConfig, EngineCoreClientConfig
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    HealthConfig,
+)
 from anyio_genout.bench.lateness import lateness_round
 from anyio_genout.transport import free_tcp_address
 
 
 async def one_run(address: str, streams: int, work: float, run: int) -> list[float]:
     config = ClientConfig(engine=EngineCoreClientConfig(
-        handshake_address=address, ready_timeout=30, liveness_interval=None), registry=None)
+        transport=HandshakeTransport(address), ready_timeout=30,
+        health=HealthConfig(liveness_interval=None)), registry=None)
     async with Client.connect(config) as client:
         late, unfinished = await lateness_round(client, streams, 3000, f"r{run}", work=work)
         if client.engine.in_flight:

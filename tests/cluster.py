@@ -22,7 +22,14 @@ import anyio
 import anyio.abc
 import attrs
 
-from anyio_genout import Client, ClientConfig, EngineCoreClient, EngineCoreClientConfig
+from anyio_genout import (
+    BootstrappedTransport,
+    Client,
+    ClientConfig,
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+)
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
 from anyio_genout.mock.waves import WaveGroup
 from anyio_genout.transport import free_tcp_address
@@ -135,23 +142,24 @@ async def mock_cluster(engines: int = 1, *,
     engine only (the first start; a restart takes its own). ``bootstrapped``: the engines
     bind the input and output sockets the client was given, no handshake. ``waves``: every
     engine is one of this wave group (``data_parallel_waves=True`` for the client). The rest:
-    EngineCoreClientConfig settings (``ready_timeout`` 10 s unless given).
+    EngineCoreClientConfig settings (``ready_timeout`` 10 s unless given; ``health=``,
+    ``routing=`` take its sub-configs; the transport is the cluster's).
 
     The engines start before the client connects; the client is closed before they stop
     (as a front end shutting down).
     """
+    transport: BootstrappedTransport | HandshakeTransport
     if bootstrapped:
         inp, out = free_tcp_address(), free_tcp_address()
         side: dict[str, Any] = {"input_address": inp, "output_addresses": (out,)}
-        addresses: dict[str, Any] = {"bootstrapped": True, "input_address": inp,
-                                     "output_address": out}
+        transport = BootstrappedTransport(input_address=inp, output_address=out)
     else:
         address = free_tcp_address()
         side = {"handshake_address": address}
-        addresses = {"handshake_address": address}
+        transport = HandshakeTransport(address)
     by_rank = _faults_by_rank(engines, faults)
-    config = EngineCoreClientConfig(engine_count=engines,
-                                    **{"ready_timeout": 10.0, **addresses, **client_config})
+    config = EngineCoreClientConfig(engine_count=engines, transport=transport,
+                                    **{"ready_timeout": 10.0, **client_config})
     async with anyio.create_task_group() as tg:
         cluster = MockCluster(None, {"linger": 0.5, **(mock or {}), **side},  # type: ignore[arg-type]
                               tg, waves=waves)

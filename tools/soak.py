@@ -58,6 +58,8 @@ from anyio_genout import (
     EngineCoreClientConfig,
     GenerateRequest,
     GenoutError,
+    HandshakeTransport,
+    HealthConfig,
     SamplingParams,
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults
@@ -151,9 +153,10 @@ class Generation:
             for rank in range(args.engines)
         ]
         config = ClientConfig(
-            engine=EngineCoreClientConfig(handshake_address=address, engine_count=args.engines,
-                                          ready_timeout=10, liveness_interval=0.25,
-                                          liveness_timeout=1.0),
+            engine=EngineCoreClientConfig(
+                transport=HandshakeTransport(address), engine_count=args.engines,
+                ready_timeout=10,
+                health=HealthConfig(liveness_interval=0.25, liveness_timeout=1.0)),
             model_name=self.name)
         lifetime = rng.uniform(2.0, 10.0)
         async with anyio.create_task_group() as engines_tg:
@@ -242,7 +245,7 @@ class Generation:
         totals, engine = self.totals, client.engine
         # A liveness ping may be in flight right now: answered within milliseconds by a live
         # engine, or failed by its deadline (liveness_timeout) if the engine went silent.
-        with anyio.move_on_after(engine.config.liveness_timeout + 1):
+        with anyio.move_on_after(engine.config.health.liveness_timeout + 1):
             while engine.pending_utility_calls:  # noqa: ASYNC110 - polled state
                 await anyio.sleep(0.005)
         healthy = engine.is_healthy

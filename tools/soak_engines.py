@@ -34,6 +34,8 @@ from anyio_genout import (
     EngineCoreClientConfig,
     GenerateRequest,
     GenoutError,
+    HandshakeTransport,
+    HealthConfig,
     SamplingParams,
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig
@@ -171,8 +173,8 @@ async def kill_engines_soak(args: argparse.Namespace, say: Callable[[str], None]
     totals = Totals()
     handshake = f"tcp://127.0.0.1:{free_tcp_port()}"
     engine_config = EngineCoreClientConfig(
-        handshake_address=handshake, engine_count=args.engines, ready_timeout=10.0,
-        disconnect_grace=0.5, liveness_interval=None)
+        transport=HandshakeTransport(handshake), engine_count=args.engines, ready_timeout=10.0,
+        health=HealthConfig(disconnect_grace=0.5, liveness_interval=None))
     gc.collect()
     start_rss = rss()
     started = time.monotonic()

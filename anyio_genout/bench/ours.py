@@ -19,6 +19,7 @@ from .. import (
     ClientConfig,
     EngineCoreClientConfig,
     GenerateRequest,
+    HandshakeTransport,
     SamplingParams,
 )
 from .lateness import run_lateness
@@ -48,7 +49,7 @@ def run(spec: CellSpec) -> Result:
 
 
 async def _main(spec: CellSpec, engine: EngineProcess, address: str) -> Result:
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+    config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                         ready_timeout=60.0))
     async with Client.connect(config) as client:
         await _warm_up(client, spec)

@@ -23,7 +23,13 @@ from typing import Any, Final
 import anyio
 import attrs
 
-from ..engine import EngineCoreClient, EngineCoreClientConfig
+from ..engine import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    HealthConfig,
+    RoutingConfig,
+)
 from ..mock import MockEngine, MockEngineConfig
 from ..protocol import EngineCoreRequest, SamplingParams
 from ..transport import free_tcp_address
@@ -118,9 +124,10 @@ async def run_cell(workload: str, routing: str, settings: BenchSettings) -> Cell
     knobs: dict[str, Any] = {}
     if settings.imbalance_threshold is not None:
         knobs["prefix_imbalance_threshold"] = settings.imbalance_threshold
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=settings.engines,
-                                    routing=routing, liveness_interval=None,  # type: ignore[arg-type]
-                                    **knobs)
+    config = EngineCoreClientConfig(
+        transport=HandshakeTransport(address), engine_count=settings.engines,
+        routing=RoutingConfig(routing, **knobs),  # type: ignore[arg-type]
+        health=HealthConfig(liveness_interval=None))
     ttfts: list[float] = []
     totals = {"prompt": 0, "cached": 0, "output": 0}
     async with anyio.create_task_group() as engines:

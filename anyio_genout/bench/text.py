@@ -46,7 +46,14 @@ from typing import Any, Final
 
 import anyio
 
-from .. import Client, ClientConfig, EngineCoreClientConfig, GenerateRequest, SamplingParams
+from .. import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    GenerateRequest,
+    HandshakeTransport,
+    SamplingParams,
+)
 from ..text import TextClient, TextRequest, Tokenizer, bundled_model_dir
 from .measure import EngineProcess, Meter, free_port, freeze_gc
 from .spec import CellSpec, Result, summarise
@@ -249,7 +256,7 @@ async def _ours(spec: TextSpec, corpus: list[int], engine: EngineProcess, addres
                 ) -> Result:
     tokenizer = Tokenizer.from_model_dir(spec.model_dir)
     prompts = text_prompts(corpus, spec.concurrency, spec.prompt_len)
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+    config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                         ready_timeout=60.0))
     gate = spec.concurrency > 1
     async with Client.connect(config) as client:

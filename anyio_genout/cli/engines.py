@@ -15,7 +15,12 @@ import anyio
 import anyio.abc
 import attrs
 
-from ..engine import EngineCoreClientConfig
+from ..engine import (
+    BootstrappedTransport,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    HealthConfig,
+)
 from ..errors import EngineDeadError, UsageError
 from ..generate import Client, ClientConfig
 from ..mock import MockEngine, MockEngineConfig
@@ -42,21 +47,29 @@ def _client_config(args: argparse.Namespace, handshake: str, vocab_size: int | N
     try:
         return ClientConfig(
             engine=EngineCoreClientConfig(
-                handshake_address=handshake,
+                transport=HandshakeTransport(handshake, advertised_host=args.advertised_host),
                 engine_count=args.engine_count if managed_or_remote else args.mock_engines,
-                advertised_host=args.advertised_host,
                 ready_timeout=args.ready_timeout,
-                liveness_interval=args.liveness_interval,
-                liveness_timeout=args.liveness_timeout,
+                health=HealthConfig(liveness_interval=args.liveness_interval,
+                                    liveness_timeout=args.liveness_timeout,
+                                    last_engine_death=last_engine_death),
                 vocab_size=vocab_size,
                 # serve's --max-logprobs (vLLM's); the other commands keep the default
                 max_logprobs=_MAX_LOGPROBS if getattr(args, "max_logprobs", None) is None
                 else args.max_logprobs,
-                last_engine_death=last_engine_death,
             ),
             model_name=metrics_model_name(args), eos_token_id=eos, vocab_size=vocab_size)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid engine options: {exc}") from None
+
+
+def _handshake_address(config: EngineCoreClientConfig) -> str:
+    """The address engines dial: the commands' own configurations own the handshake (a
+    ``serve --workers`` worker's is bootstrapped, and never starts or hints engines)."""
+    transport = config.transport
+    if not isinstance(transport, HandshakeTransport):
+        raise TypeError(f"expected a HandshakeTransport, got {type(transport).__name__}")
+    return transport.address
 
 
 def metrics_model_name(args: argparse.Namespace) -> str:
@@ -216,9 +229,10 @@ class ClientSession:
         worker = self._worker
         if worker is not None:
             engine = attrs.evolve(
-                config.engine, bootstrapped=True, client_index=worker.client_index,
-                input_address=worker.input_address, output_address=worker.output_address,
-                input_listener_fd=worker.input_fd, output_listener_fd=worker.output_fd)
+                config.engine, client_index=worker.client_index,
+                transport=BootstrappedTransport(
+                    input_address=worker.input_address, output_address=worker.output_address,
+                    input_listener_fd=worker.input_fd, output_listener_fd=worker.output_fd))
             return await self._stack.enter_async_context(
                 Client.connect(attrs.evolve(config, engine=engine)))
         await self._start(args, config)
@@ -271,7 +285,7 @@ class ClientSession:
     async def _start(self, args: argparse.Namespace, config: ClientConfig) -> None:
         """Start the embedded mock engines or the managed vLLM engines, or say how to start
         remote ones; they dial ``config``'s handshake address."""
-        handshake = config.engine.handshake_address
+        handshake = _handshake_address(config.engine)
         vocab_size, eos, model = config.vocab_size, config.eos_token_id, self._model
         if args.vllm_model:
             from ..vllm import spawn_vllm_engines
@@ -315,7 +329,7 @@ class ClientSession:
             # after it, the bind is done, or it failed (and ``failed`` is set by then).
             await anyio.lowlevel.checkpoint()
             if not failed:
-                self._say(engines_hint(config.engine.handshake_address,
+                self._say(engines_hint(_handshake_address(config.engine),
                                        config.engine.engine_count))
 
         # Ends by itself: cancelling its task group's scope would cancel everything entered

@@ -6,11 +6,9 @@ import argparse
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
-import attrs
-
-from ..engine import EngineCoreClientConfig
+from ..engine import EngineCoreClientConfig, HandshakeTransport
 from ..errors import InvalidRequestError
 from ..protocol import SamplingParams
 
@@ -34,15 +32,14 @@ def parse_token_ids(text: str) -> list[int]:
 def check_address(text: str) -> str:
     """A ZeroMQ address engines can dial: ``tcp://HOST:PORT`` or ``ipc://PATH``.
 
-    The check is :class:`EngineCoreClientConfig`'s own; raises
+    The check is :class:`HandshakeTransport`'s own; raises
     :class:`argparse.ArgumentTypeError` (a one-line usage error) with its message, which
     names the problem and shows the expected form.
     """
     try:
-        EngineCoreClientConfig(handshake_address=text)
+        HandshakeTransport(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            str(exc).removeprefix("handshake_address ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("address ")) from None
     return text
 
 
@@ -83,12 +80,8 @@ def seconds_or_off(text: str) -> float | None:
     return positive_float(text)
 
 
-def _config_default(name: str) -> Any:
-    """The default of ``EngineCoreClientConfig.<name>`` (the CLI never restates it)."""
-    default = getattr(attrs.fields(EngineCoreClientConfig), name).default
-    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-        return default.factory()
-    return default
+#: The engine-core client's defaults (the CLI never restates them).
+_DEFAULTS: Final = EngineCoreClientConfig()
 
 
 def _off(value: object) -> object:
@@ -121,16 +114,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
                             "'/venv/bin/python -m anyio_genout.vllm.cli' (default: this "
                             "Python with -m anyio_genout.vllm.cli)")
     group.add_argument("--ready-timeout", type=positive_float,
-                       default=_config_default("ready_timeout"), metavar="SECONDS",
+                       default=_DEFAULTS.ready_timeout, metavar="SECONDS",
                        help="give up if the engines are not all ready by then (a real engine "
                             "loads its model first) (default: %(default)s)")
     group.add_argument("--liveness-interval", type=seconds_or_off,
-                       default=_config_default("liveness_interval"), metavar="SECONDS",
+                       default=_DEFAULTS.health.liveness_interval, metavar="SECONDS",
                        help="ping every engine this often to notice one that died without a "
                             "word; 'off' disables (default: "
-                            f"{_off(_config_default('liveness_interval'))})")
+                            f"{_off(_DEFAULTS.health.liveness_interval)})")
     group.add_argument("--liveness-timeout", type=positive_float,
-                       default=_config_default("liveness_timeout"), metavar="SECONDS",
+                       default=_DEFAULTS.health.liveness_timeout, metavar="SECONDS",
                        help="an engine that does not answer a ping within this is dead "
                             "(default: %(default)s)")
     group.add_argument("--mock-engines", type=positive_int, default=1, metavar="N",

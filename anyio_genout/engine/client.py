@@ -141,7 +141,7 @@ class EngineCoreClient:
 
     @property
     def router(self) -> Router:
-        """The router choosing each request's engine (``config.routing``); its ``stats``
+        """The router choosing each request's engine (``config.routing.mode``); its ``stats``
         count its decisions."""
         return self._registry.router
 

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from typing import Any, Final, Literal, TypeAlias
 
 import attrs
 
 from ..transport import DEFAULT_MAX_MESSAGE_SIZE
 from .routing import DEFAULT_IMBALANCE_THRESHOLD, DEFAULT_MEMORY_BLOCKS, ROUTING_MODES
 
-__all__ = ["ADDRESS_FORMS", "DEFAULT_HANDSHAKE_ADDRESS", "EngineCoreClientConfig"]
+__all__ = [
+    "ADDRESS_FORMS", "DEFAULT_HANDSHAKE_ADDRESS", "BootstrappedTransport", "EngineCoreClientConfig",
+    "HandshakeTransport", "HealthConfig", "RoutingConfig", "Transport",
+]
 
 #: vLLM's default ``--data-parallel-rpc-port`` on loopback.
 DEFAULT_HANDSHAKE_ADDRESS: Final = "tcp://127.0.0.1:29550"
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
+def _positive(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
-
-
-def _routing_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
-    if value not in ROUTING_MODES:
-        raise ValueError(f"routing must be one of {', '.join(map(repr, ROUTING_MODES))}, "
-                         f"got {value!r}")
 
 
 def _non_negative(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -41,24 +39,6 @@ ADDRESS_FORMS: Final = ("tcp://HOST:PORT (e.g. tcp://127.0.0.1:29550) or ipc://P
                         "(e.g. ipc:///tmp/genout-engine.sock)")
 #: Bytes in a Unix socket path at most (``sun_path`` on Linux, less its terminating NUL).
 _MAX_IPC_PATH: Final = 107
-
-
-def _address(instance: EngineCoreClientConfig, attribute: attrs.Attribute[Any],
-             value: object) -> None:
-    """Refuse an address ZeroMQ would not bind, or that no engine could reach, naming the
-    field and showing the expected form (before anything is bound or awaited)."""
-    if value is None:
-        return
-    field = attribute.name
-    # Engines must know the port of what they dial: the handshake socket always, the input
-    # and output sockets when they are given to the engines directly (bootstrapped).
-    fixed_port = field == "handshake_address" or instance.bootstrapped
-    if isinstance(value, str):
-        problem = _address_problem(value, fixed_port=fixed_port)
-    else:
-        problem = f"not a string but {type(value).__name__}"
-    if problem is not None:
-        raise ValueError(f"{field} {value!r}: {problem}; expected {ADDRESS_FORMS}")
 
 
 def _address_problem(address: str, *, fixed_port: bool) -> str | None:
@@ -96,37 +76,118 @@ def _address_problem(address: str, *, fixed_port: bool) -> str | None:
     return f"{scheme}:// is not a transport engines connect over"
 
 
+def _address_field(*, fixed_port: bool) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    """A validator refusing an address ZeroMQ would not bind, or that no engine could reach,
+    naming the field and showing the expected form (before anything is bound or awaited).
+    ``fixed_port``: engines dial this socket, so they must know its port (no ``*``)."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if isinstance(value, str):
+            problem = _address_problem(value, fixed_port=fixed_port)
+        else:
+            problem = f"not a string but {type(value).__name__}"
+        if problem is not None:
+            raise ValueError(f"{attribute.name} {value!r}: {problem}; expected {ADDRESS_FORMS}")
+
+    return check
+
+
+def _optional_address_field(*, fixed_port: bool
+                            ) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    check = _address_field(fixed_port=fixed_port)
+
+    def optional(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional
+
+
+def _optional_fd(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+        raise ValueError(f"{attribute.name} must be a file descriptor (an integer >= 0) or "
+                         f"None, got {value!r}")
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not value > 0):
+        raise ValueError(f"{attribute.name} must be positive or None, got {value!r}")
+
+
+def _one_of(*choices: str) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value not in choices:
+            raise ValueError(f"{attribute.name} must be one of "
+                             f"{', '.join(map(repr, choices))}, got {value!r}")
+
+    return check
+
+
+def _host(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+        raise ValueError(f"{attribute.name} must be a host name or address, got {value!r}")
+
+
+@attrs.frozen
+class HandshakeTransport:
+    """The client owns the handshake (the default transport).
+
+    The client binds a ROUTER at ``address``; engines started with ``vllm serve --headless
+    --data-parallel-address H --data-parallel-rpc-port P`` dial it, and the client tells
+    them where its input and output sockets are: bound on ``advertised_host`` (a port
+    chosen at bind time), or at ``input_address`` / ``output_address`` when given
+    (``ipc://`` works too; a ``*`` or 0 port is chosen at bind time, since the engines learn
+    it from the handshake). ``address`` is engines' to dial, so its port is a fixed one.
+    ``HandshakeTransport("tcp://10.0.0.5:29550")`` gives it positionally.
+    """
+
+    address: str = attrs.field(default=DEFAULT_HANDSHAKE_ADDRESS,
+                               validator=_address_field(fixed_port=True))
+    advertised_host: str = attrs.field(default="127.0.0.1", kw_only=True, validator=_host)
+    input_address: str | None = attrs.field(default=None, kw_only=True,
+                                            validator=_optional_address_field(fixed_port=False))
+    output_address: str | None = attrs.field(
+        default=None, kw_only=True, validator=_optional_address_field(fixed_port=False))
+
+
 @attrs.frozen(kw_only=True)
-class EngineCoreClientConfig:
-    """Connection settings.
+class BootstrappedTransport:
+    """No handshake: the engines are told the client's addresses some other way.
 
-    Two modes:
-
-    * **Handshake owner** (default): the client binds a ROUTER at ``handshake_address``;
-      engines started with ``vllm serve --headless --data-parallel-address H
-      --data-parallel-rpc-port P`` dial it, and the client tells them where its input and
-      output sockets are (bound on ``advertised_host``, or ``input_address`` /
-      ``output_address`` when given; ``ipc://`` works too).
-    * **Bootstrapped**: set ``bootstrapped=True`` with ``input_address`` and
-      ``output_address``; engines ``engine_start_index .. engine_start_index+engine_count-1``
-      connect there directly and register on the input socket.
+    Engines ``engine_start_index .. engine_start_index+engine_count-1`` connect to
+    ``input_address`` and ``output_address`` directly and register on the input socket, so
+    both are required and their ports fixed (not ``*``).
 
     ``input_listener_fd`` / ``output_listener_fd``: a listening TCP socket already bound at
     ``input_address`` / ``output_address`` (inherited from a supervisor process, as vLLM's
     ``--api-server-count`` supervisor hands them to its API servers); the client's ZeroMQ
-    socket adopts it (``ZMQ_USE_FD``) and owns it from then on. With several front-end
-    processes on the same engines, each has its own pair and its own ``client_index``.
+    socket adopts it (``ZMQ_USE_FD``) and owns it from then on. Each needs its ``tcp://``
+    address. With several front-end processes on the same engines, each has its own pair
+    and its own ``client_index``.
+    """
 
-    Addresses are ``tcp://HOST:PORT`` or ``ipc://PATH``, checked here: a malformed one
-    raises :class:`ValueError` naming the field and the expected form. A port engines must
-    dial (the handshake socket's; bootstrapped, the input and output sockets' too) must be
-    a fixed one, not ``*``.
+    input_address: str = attrs.field(validator=_address_field(fixed_port=True))
+    output_address: str = attrs.field(validator=_address_field(fixed_port=True))
+    input_listener_fd: int | None = attrs.field(default=None, validator=_optional_fd)
+    output_listener_fd: int | None = attrs.field(default=None, validator=_optional_fd)
 
-    ``ready_timeout`` bounds the whole start-up (a real engine loads its model before READY,
-    hence the 600 s default).
+    def __attrs_post_init__(self) -> None:
+        for fd, address, name in ((self.input_listener_fd, self.input_address, "input"),
+                                  (self.output_listener_fd, self.output_address, "output")):
+            if fd is not None and not address.startswith("tcp://"):
+                raise ValueError(f"{name}_listener_fd needs the tcp:// {name}_address it "
+                                 f"is bound at, got {address!r}")
 
-    Engines that die without saying so (``ENGINE_CORE_DEAD``) are found three ways, all on
-    by default (docs/reliability.md has the measurements behind the defaults):
+
+@attrs.frozen(kw_only=True)
+class HealthConfig:
+    """How engines that die without saying so (``ENGINE_CORE_DEAD``) are found, and what
+    a death fails.
+
+    Three detectors, all on by default (docs/reliability.md has the measurements behind
+    the defaults):
 
     * a connection to the input or output socket that closes (process killed, or dropped
       by the heartbeat below) starts a probe: every engine must answer a cheap utility
@@ -158,12 +219,77 @@ class EngineCoreClientConfig:
     engine rejoins as when others live; how long to wait for one is the caller's choice
     (``serve --engine-rejoin-timeout``). docs/reliability.md, "When every engine dies".
 
-    Routing (docs/routing.md), for requests without a ``data_parallel_rank``: ``routing``
-    ``"load"`` (default) sends each to the least-loaded engine by vLLM's score (KV-usage
-    penalty included); ``"prefix"`` to the engine expected to hold the longest cached prefix
-    of its prompt, unless that engine's score exceeds the least-loaded one's by more than
-    ``prefix_imbalance_threshold``; it remembers at most ``prefix_memory_blocks`` block
-    hashes per engine. A bad value raises :class:`ValueError` naming the field.
+    A bad value raises :class:`ValueError` naming the field.
+    """
+
+    liveness_interval: float | None = attrs.field(default=10.0, validator=_positive_or_none)
+    liveness_timeout: float = attrs.field(default=60.0, validator=_positive)
+    disconnect_grace: float = attrs.field(default=2.0, validator=_positive)
+    heartbeat_interval: float | None = attrs.field(default=1.0, validator=_positive_or_none)
+    heartbeat_timeout: float = attrs.field(default=3.0, validator=_positive)
+    engine_failure: Literal["engine", "client"] = attrs.field(
+        default="engine", validator=_one_of("engine", "client"))
+    last_engine_death: Literal["fail", "wait"] = attrs.field(
+        default="fail", validator=_one_of("fail", "wait"))
+
+    def __attrs_post_init__(self) -> None:
+        if self.last_engine_death == "wait" and self.engine_failure != "engine":
+            raise ValueError('last_engine_death="wait" needs engine_failure="engine" (a '
+                             'group whose first death fails the client has nothing to wait '
+                             'for)')
+
+
+@attrs.frozen
+class RoutingConfig:
+    """How a request without a ``data_parallel_rank`` picks its engine (docs/routing.md).
+
+    ``mode`` ``"load"`` (default) sends each to the least-loaded engine by vLLM's score
+    (KV-usage penalty included); ``"prefix"`` to the engine expected to hold the longest
+    cached prefix of its prompt, unless that engine's score exceeds the least-loaded one's
+    by more than ``prefix_imbalance_threshold``; it remembers at most
+    ``prefix_memory_blocks`` block hashes per engine. ``RoutingConfig("prefix")`` gives the
+    mode positionally. A bad value raises :class:`ValueError` naming the field.
+    """
+
+    mode: Literal["load", "prefix"] = attrs.field(default="load", validator=_one_of(
+        *ROUTING_MODES))
+    prefix_imbalance_threshold: float = attrs.field(default=DEFAULT_IMBALANCE_THRESHOLD,
+                                                    kw_only=True, validator=_non_negative)
+    prefix_memory_blocks: int = attrs.field(default=DEFAULT_MEMORY_BLOCKS, kw_only=True,
+                                            validator=_at_least_one)
+
+
+#: The transport of an :class:`EngineCoreClientConfig`: one of the two modes, so settings
+#: of both cannot be combined.
+Transport: TypeAlias = HandshakeTransport | BootstrappedTransport
+
+
+def _instance_of(*types: type) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, types):
+            raise ValueError(f"{attribute.name} must be a "
+                             f"{' or '.join(t.__name__ for t in types)}, "
+                             f"got {type(value).__name__}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class EngineCoreClientConfig:
+    """Connection settings of an :class:`~anyio_genout.EngineCoreClient`.
+
+    ``transport``: how the engines find the client, one of two modes:
+    :class:`HandshakeTransport` (the default: the client owns the handshake, engines dial
+    its ``address``) or :class:`BootstrappedTransport` (engines connect to the given input
+    and output addresses directly). ``health``: how engine deaths are found and what they
+    fail (:class:`HealthConfig`); ``routing``: how requests pick an engine
+    (:class:`RoutingConfig`).
+
+    Engines ``engine_start_index .. engine_start_index+engine_count-1`` (their ranks, which
+    fit in 2 bytes) are this client's.
+
+    ``ready_timeout`` bounds the whole start-up (a real engine loads its model before READY,
+    hence the 600 s default).
 
     ``data_parallel_waves``: the engines are one data-parallel MoE group that steps in
     lockstep (vLLM's request waves, :mod:`.waves`): every request carries the group's
@@ -173,57 +299,26 @@ class EngineCoreClientConfig:
     client. Off by default (independent engines never send them).
     """
 
-    handshake_address: str = attrs.field(default=DEFAULT_HANDSHAKE_ADDRESS, validator=_address)
+    transport: Transport = attrs.field(
+        factory=HandshakeTransport,
+        validator=_instance_of(HandshakeTransport, BootstrappedTransport))
+    health: HealthConfig = attrs.field(factory=HealthConfig,
+                                       validator=_instance_of(HealthConfig))
+    routing: RoutingConfig = attrs.field(factory=RoutingConfig,
+                                         validator=_instance_of(RoutingConfig))
     engine_count: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     engine_start_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    advertised_host: str = "127.0.0.1"
-    input_address: str | None = attrs.field(default=None, validator=_address)
-    output_address: str | None = attrs.field(default=None, validator=_address)
-    bootstrapped: bool = False
-    input_listener_fd: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.ge(0)))
-    output_listener_fd: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.ge(0)))
     client_index: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     ready_timeout: float = attrs.field(default=600.0, validator=_positive)
     vocab_size: int | None = None
     max_logprobs: int = 20
     max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
-    liveness_interval: float | None = 10.0
-    liveness_timeout: float = attrs.field(default=60.0, validator=_positive)
-    disconnect_grace: float = attrs.field(default=2.0, validator=_positive)
-    heartbeat_interval: float | None = 1.0
-    heartbeat_timeout: float = attrs.field(default=3.0, validator=_positive)
     check_version: bool = True
-    engine_failure: Literal["engine", "client"] = attrs.field(
-        default="engine", validator=attrs.validators.in_(("engine", "client")))
-    routing: Literal["load", "prefix"] = attrs.field(default="load", validator=_routing_mode)
-    prefix_imbalance_threshold: float = attrs.field(default=DEFAULT_IMBALANCE_THRESHOLD,
-                                                    validator=_non_negative)
-    prefix_memory_blocks: int = attrs.field(default=DEFAULT_MEMORY_BLOCKS,
-                                            validator=_at_least_one)
     data_parallel_waves: bool = False
-    last_engine_death: Literal["fail", "wait"] = attrs.field(
-        default="fail", validator=attrs.validators.in_(("fail", "wait")))
 
     def __attrs_post_init__(self) -> None:
-        if self.bootstrapped and (self.input_address is None or self.output_address is None):
-            raise ValueError("bootstrapped mode needs input_address and output_address")
-        for fd, address, name in ((self.input_listener_fd, self.input_address, "input"),
-                                  (self.output_listener_fd, self.output_address, "output")):
-            if fd is not None and (address is None or not address.startswith("tcp://")):
-                raise ValueError(f"{name}_listener_fd needs the tcp:// {name}_address it "
-                                 f"is bound at")
         if self.engine_start_index + self.engine_count > 2**16:
             raise ValueError("engine ranks must fit in 2 bytes")
-        if self.liveness_interval is not None and not self.liveness_interval > 0:
-            raise ValueError("liveness_interval must be positive or None")
-        if self.heartbeat_interval is not None and not self.heartbeat_interval > 0:
-            raise ValueError("heartbeat_interval must be positive or None")
-        if self.last_engine_death == "wait" and self.engine_failure != "engine":
-            raise ValueError('last_engine_death="wait" needs engine_failure="engine" (a '
-                             'group whose first death fails the client has nothing to wait '
-                             'for)')
 
     @property
     def engine_ranks(self) -> range:

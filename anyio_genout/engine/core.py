@@ -93,10 +93,10 @@ class ClientCore:
         self.max_model_len = min(r.max_model_len for r in self.ready.values())
         self.reports = reports = HealthReports()
         self.registry = registry = RequestRegistry(self.ranks, make_router(
-            config.routing, {r: ready[r].block_size for r in self.ranks},
+            config.routing.mode, {r: ready[r].block_size for r in self.ranks},
             {r: ready[r].num_gpu_blocks for r in self.ranks},
-            imbalance_threshold=config.prefix_imbalance_threshold,
-            memory_blocks=config.prefix_memory_blocks))
+            imbalance_threshold=config.routing.prefix_imbalance_threshold,
+            memory_blocks=config.routing.prefix_memory_blocks))
         self.rejoins = Rejoins(config, sockets, registry.live, reports)
         self.input = EngineInput(sockets.input, self.identities, reports,
                                  self.rejoins.on_input)
@@ -222,9 +222,10 @@ class ClientCore:
             task_group.start_soon(self.rejoins.run)
         if self.sockets.output_monitor is not None:
             task_group.start_soon(self.watch.watch_connections)
-        if self.config.liveness_interval is not None:
-            task_group.start_soon(self.watch.liveness, self.config.liveness_interval,
-                                  self.config.liveness_timeout)
+        health = self.config.health
+        if health.liveness_interval is not None:
+            task_group.start_soon(self.watch.liveness, health.liveness_interval,
+                                  health.liveness_timeout)
 
     def close_now(self) -> None:
         """Close the client, synchronously (the connection's exit, before it cancels the

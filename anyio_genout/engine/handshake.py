@@ -52,7 +52,7 @@ from ..protocol import (
     engine_identity,
 )
 from ..transport import ZmqSocket, bind_address, new_context
-from .config import EngineCoreClientConfig
+from .config import BootstrappedTransport, EngineCoreClientConfig, HandshakeTransport
 
 __all__ = ["BoundSockets", "JunkLog", "bind_sockets", "run_handshake", "serve_handshake"]
 
@@ -104,7 +104,8 @@ class BoundSockets:
 
 
 def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> BoundSockets:
-    """Bind the input ROUTER, the output PULL and (unless bootstrapped) the handshake ROUTER."""
+    """Bind the input ROUTER, the output PULL and (handshake owner) the handshake ROUTER."""
+    transport, health = config.transport, config.health
     sockets: list[ZmqSocket] = []
     try:
         inp = ZmqSocket(context, zmq.ROUTER, max_message_size=config.max_message_size)
@@ -112,10 +113,10 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         out = ZmqSocket(context, zmq.PULL, max_message_size=config.max_message_size)
         sockets.append(out)
         out.raw.setsockopt(zmq.RCVHWM, OUTPUT_RCVHWM)
-        if config.heartbeat_interval is not None:  # before binding: engines connect next
+        if health.heartbeat_interval is not None:  # before binding: engines connect next
             # Not on the output socket: a connection whose receive queue is full (the reader
             # behind by OUTPUT_RCVHWM messages) is not read, so its heartbeats would time out.
-            inp.set_heartbeat(config.heartbeat_interval, config.heartbeat_timeout)
+            inp.set_heartbeat(health.heartbeat_interval, health.heartbeat_timeout)
         monitor = out.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, monitor)
         input_monitor = inp.monitor(OUTPUT_MONITOR_EVENTS)
@@ -123,18 +124,22 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         # No handover yet: while every engine is up, no peer may take an engine's identity
         # (.rejoin.Rejoins.engines_down turns it on while one is down, for its restart).
         inp.raw.setsockopt(zmq.ROUTER_HANDOVER, 0)
-        input_address = inp.bind(config.input_address or bind_address(config.advertised_host),
-                                 listener_fd=config.input_listener_fd)
-        output_address = out.bind(config.output_address or bind_address(config.advertised_host),
-                                  listener_fd=config.output_listener_fd)
         handshake = None
-        if not config.bootstrapped:
+        if isinstance(transport, BootstrappedTransport):
+            input_address = inp.bind(transport.input_address,
+                                     listener_fd=transport.input_listener_fd)
+            output_address = out.bind(transport.output_address,
+                                      listener_fd=transport.output_listener_fd)
+        else:
+            host = transport.advertised_host
+            input_address = inp.bind(transport.input_address or bind_address(host))
+            output_address = out.bind(transport.output_address or bind_address(host))
             handshake = ZmqSocket(context, zmq.ROUTER, max_message_size=1 << 20)
             sockets.append(handshake)
             # A restarted engine dials in under its predecessor's identity, whose connection
             # may still be open (a hung engine's): the new peer takes the identity over.
             handshake.raw.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            handshake.bind(config.handshake_address)
+            handshake.bind(transport.address)
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -287,10 +292,11 @@ async def run_handshake(sockets: BoundSockets, config: EngineCoreClientConfig
         stage, absent = missing()
         who = _engines(absent)
         unheard = any(rank not in hello and rank not in registered for rank in absent)
-        if stage == "HELLO":
+        transport = config.transport
+        if stage == "HELLO" and isinstance(transport, HandshakeTransport):
             return (logging.WARNING,
-                    f"{who} to say HELLO on the handshake socket {config.handshake_address}",
-                    _vllm_hint(config))
+                    f"{who} to say HELLO on the handshake socket {transport.address}",
+                    _vllm_hint(transport.address, config))
         if stage == "input registration" and sockets.handshake is None:
             return (logging.WARNING if unheard else logging.INFO,
                     f"{who} to register on the input socket {sockets.input_address}",
@@ -364,7 +370,8 @@ async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
                           ) -> None:
     """Be the handshake owner for front ends that run in other processes.
 
-    Binds ``config.handshake_address``, answers every engine's HELLO with an INIT naming
+    Binds the handshake address of ``config`` (whose transport is a
+    :class:`.config.HandshakeTransport`), answers every engine's HELLO with an INIT naming
     all of ``inputs`` and ``outputs`` (one pair per front-end process; the position is that
     process's ``client_index``), and returns once every engine of ``config.engine_ranks``
     said READY. Each front end meanwhile waits, bootstrapped, for the engines to register
@@ -381,16 +388,20 @@ async def serve_handshake(config: EngineCoreClientConfig, inputs: Sequence[str],
     if not inputs or len(inputs) != len(outputs):
         raise ValueError(f"one input and one output address per front end, got "
                          f"{len(inputs)} and {len(outputs)}")
+    transport = config.transport
+    if not isinstance(transport, HandshakeTransport):
+        raise ValueError(f"serving the handshake needs a HandshakeTransport, got "
+                         f"{type(transport).__name__}")
     peers = _Engines(config)
     init = encode_init(HandshakeAddresses(list(inputs), list(outputs)))
     context = new_context()
     sock = ZmqSocket(context, zmq.ROUTER, max_message_size=1 << 20)
     try:
         sock.raw.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine, as bind_sockets
-        sock.bind(config.handshake_address)
+        sock.bind(transport.address)
         logger.info("waiting for %s to say HELLO on %s, up to %g s (ready_timeout)%s",
-                    _engines(list(config.engine_ranks)), config.handshake_address,
-                    config.ready_timeout, _vllm_hint(config))
+                    _engines(list(config.engine_ranks)), transport.address,
+                    config.ready_timeout, _vllm_hint(transport.address, config))
         with anyio.move_on_after(config.ready_timeout) as scope:
             await peers.handshake_loop(sock, init)
         if scope.cancelled_caught:
@@ -426,10 +437,10 @@ def _engines(ranks: list[int]) -> str:
             else f"engines {', '.join(map(str, ranks))}")
 
 
-def _vllm_hint(config: EngineCoreClientConfig) -> str:
+def _vllm_hint(address: str, config: EngineCoreClientConfig) -> str:
     """How engines are pointed at a ``tcp://`` handshake address (vLLM takes no other: its
     engines dial ``tcp://`` + ``--data-parallel-address`` + ``--data-parallel-rpc-port``)."""
-    scheme, _, rest = config.handshake_address.partition("://")
+    scheme, _, rest = address.partition("://")
     host, _, port = rest.rpartition(":")
     if scheme != "tcp" or not port.isdigit():
         return ("; vLLM engines dial only a tcp:// handshake address (--data-parallel-address "

@@ -118,7 +118,7 @@ class Health:
         watchers; synchronous and idempotent.
         """
         if (isinstance(error, EngineDeadError) and error.ranks
-                and self._config.engine_failure == "engine"):
+                and self._config.health.engine_failure == "engine"):
             self.fail_engines(error.ranks, error)
         else:
             self._fail_client(error)
@@ -141,9 +141,9 @@ class Health:
             return
         if error.ranks is None:
             error.ranks = tuple(dead)
-        config = self._config
-        if config.engine_failure == "client" or (registry.live <= set(dead)
-                                                 and config.last_engine_death == "fail"):
+        health = self._config.health
+        if health.engine_failure == "client" or (registry.live <= set(dead)
+                                                 and health.last_engine_death == "fail"):
             self._fail_client(error)
             return
         for rank in dead:

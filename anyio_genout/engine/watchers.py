@@ -206,7 +206,7 @@ class EngineWatch:
         logger.warning(
             "a peer's connection to the %s socket %s closed (%d so far); checking that every "
             "engine is still there (it must answer or reconnect within %g s)",
-            name, endpoint, self._links[name].drops, self._config.disconnect_grace)
+            name, endpoint, self._links[name].drops, self._config.health.disconnect_grace)
         work = self._open_work()
         if self._drop is None:
             clocks = {other: links.events for other, links in self._links.items()}
@@ -265,7 +265,7 @@ class EngineWatch:
           logged. No new handshake: the peer was not an engine (an engine's reply would
           have needed one).
         """
-        config = self._config
+        health = self._config.health
         live = self._live
         ranks = sorted(live)
         if not ranks:
@@ -299,7 +299,7 @@ class EngineWatch:
                     await connected.wait()  # a new connection: ask (and answer) over it too
 
         def left() -> float:
-            return config.disconnect_grace - (anyio.current_time() - drop.at)
+            return health.disconnect_grace - (anyio.current_time() - drop.at)
 
         async with anyio.create_task_group() as tg:
             for rank in ranks:
@@ -312,10 +312,10 @@ class EngineWatch:
                 if any(links.live < len(live) for links in self._links.values()):
                     found_dead = True
                     self._reports.fail_engines(silent, EngineDeadError(
-                        _gone_message(silent, drop.sockets, config.disconnect_grace),
+                        _gone_message(silent, drop.sockets, health.disconnect_grace),
                         ranks=silent))
                 else:
-                    with anyio.move_on_after(config.liveness_timeout - config.disconnect_grace
+                    with anyio.move_on_after(health.liveness_timeout - health.disconnect_grace
                                              + left()):
                         await everyone.wait()
                     silent = [rank for rank in ranks if rank not in answered and rank in live]
@@ -325,7 +325,7 @@ class EngineWatch:
                             f"{_engines(silent)}: a connection to the client's "
                             f"{_sockets(drop.sockets)} closed and "
                             f"{'it' if len(silent) == 1 else 'they'} did not answer within "
-                            f"{config.liveness_timeout:g} s", ranks=silent))
+                            f"{health.liveness_timeout:g} s", ranks=silent))
             tg.cancel_scope.cancel()
         if not self._reports.healthy or found_dead:
             return  # the dropped connections were the dead engines' own
@@ -339,7 +339,7 @@ class EngineWatch:
             logger.info("the peer that left was not an engine: every engine answered over "
                         "its own connections")
         elif drop.work:
-            limit = config.max_message_size
+            limit = self._config.max_message_size
             self._reports.fail(ProtocolError(
                 f"an engine's connection closed and came back while {drop.work} request(s) "
                 f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "

@@ -42,7 +42,7 @@ class ClientConfig:
     all been read); see docs/concepts.md, "Aborting by request id".
 
     ``migration_limit=N`` (0, the default, is off): when the engine running a request dies
-    and the others serve on (``engine.engine_failure="engine"``), the request is resubmitted
+    and the others serve on (``engine.health.engine_failure="engine"``), the request is resubmitted
     to a live engine as a continuation (its prompt plus the tokens already delivered, with
     ``max_tokens`` and ``min_tokens`` reduced by them), up to N times per request; its stream
     goes on without a gap, a duplicate or an error. Then, and for requests pinned to an

@@ -12,6 +12,7 @@ from anyio_genout import (
     ClientConfig,
     EngineCoreClientConfig,
     GenerateRequest,
+    HandshakeTransport,
     SamplingParams,
     collect_output,
 )
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.anyio
 async def test_mock_engine_command_serves_a_client_until_a_signal(
         signum: signal.Signals) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+    config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                         ready_timeout=20))
     async with cli_process("mock-engine", "--handshake-address", address, "--rank", "0",
                            "--step-time", "0.001") as (process, output):

@@ -12,7 +12,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, GenerateRequest
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    GenerateRequest,
+    HandshakeTransport,
+)
 from anyio_genout.cli.run_cmd import run_all
 from anyio_genout.cli.run_input import BadLine, LineParser, LineReader, scan
 from anyio_genout.cli.run_output import Job
@@ -243,7 +249,7 @@ async def test_the_reader_holds_no_more_requests_than_are_in_flight() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(MockEngine(MockEngineConfig(handshake_address=address, linger=0.0,
                                                   keep_history=False)).serve)
-        config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+        config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                             ready_timeout=20))
         async with Client.connect(config) as client:
             with anyio.fail_after(30):

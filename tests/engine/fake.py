@@ -14,7 +14,12 @@ import anyio
 import anyio.abc
 import zmq
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig
+from anyio_genout import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    HealthConfig,
+)
 from anyio_genout.protocol import (
     AbortRequest,
     AddRequest,
@@ -141,9 +146,9 @@ class Cluster:
         self.engines = [FakeEngine(rank) for rank in range(engines)]
         # Scripted fakes answer nothing unasked: no liveness check, unless a test asks for one
         # (a slow machine once put its is_sleeping where a test read the next ABORT).
-        config.setdefault("liveness_interval", None)
-        self.config = EngineCoreClientConfig(
-            handshake_address=self.address, engine_count=engines, ready_timeout=10, **config)
+        config.setdefault("health", HealthConfig(liveness_interval=None))
+        self.config = EngineCoreClientConfig(transport=HandshakeTransport(self.address),
+                                             engine_count=engines, ready_timeout=10, **config)
         self._tg: anyio.abc.TaskGroup | None = None
         self._connection: Any = None
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from anyio_genout import (
+    BootstrappedTransport,
     ClientClosedError,
     DuplicateRequestIdError,
     EngineCoreClient,
@@ -17,6 +18,7 @@ from anyio_genout import (
     EngineDeadError,
     HandshakeError,
     HandshakeTimeoutError,
+    HandshakeTransport,
     InconsistentUtilityResultsError,
     InvalidRequestError,
     ProtocolError,
@@ -247,7 +249,7 @@ async def test_reply_for_an_unknown_utility_call_is_ignored() -> None:
 async def test_handshake_timeout_names_ready_stage() -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine()
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=0.3)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=0.3)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: engine.handshake(address, send_ready=False))
@@ -261,7 +263,7 @@ async def test_handshake_timeout_names_ready_stage() -> None:
 
 
 async def test_handshake_timeout_without_hello_names_hello() -> None:
-    config = EngineCoreClientConfig(handshake_address=f"tcp://127.0.0.1:{free_port()}",
+    config = EngineCoreClientConfig(transport=HandshakeTransport(f"tcp://127.0.0.1:{free_port()}"),
                                     engine_count=2, ready_timeout=0.2)
     with pytest.raises(HandshakeTimeoutError, match="HELLO") as info:
         async with EngineCoreClient.connect(config):
@@ -276,8 +278,8 @@ async def test_unsupported_vllm_version_is_refused() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(engine.handshake, address)
             with pytest.raises(UnsupportedVersionError, match=r"0\.29\.1.*0\.32"):
-                async with EngineCoreClient.connect(
-                        EngineCoreClientConfig(handshake_address=address, ready_timeout=5)):
+                async with EngineCoreClient.connect(EngineCoreClientConfig(
+                        transport=HandshakeTransport(address), ready_timeout=5)):
                     pass
             tg.cancel_scope.cancel()
     finally:
@@ -419,8 +421,9 @@ async def test_cancelled_utility_call_unregisters_its_waiter() -> None:
 
 async def test_bootstrapped_connect_with_start_index_3() -> None:
     inp, outp = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(bootstrapped=True, input_address=inp, output_address=outp,
-                                    engine_start_index=3, ready_timeout=5)
+    config = EngineCoreClientConfig(
+        transport=BootstrappedTransport(input_address=inp, output_address=outp),
+        engine_start_index=3, ready_timeout=5)
     engine = FakeEngine(3)
     try:
         async with anyio.create_task_group() as tg:
@@ -437,8 +440,9 @@ async def test_bootstrapped_connect_with_start_index_3() -> None:
 
 async def test_bootstrapped_rejects_unexpected_engine_id() -> None:
     inp, outp = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(bootstrapped=True, input_address=inp, output_address=outp,
-                                    engine_start_index=3, ready_timeout=5)
+    config = EngineCoreClientConfig(
+        transport=BootstrappedTransport(input_address=inp, output_address=outp),
+        engine_start_index=3, ready_timeout=5)
     engine = FakeEngine(0)
     try:
         async with anyio.create_task_group() as tg:
@@ -544,7 +548,7 @@ async def test_1000_random_cancellations_abort_each_id_exactly_once() -> None:
 async def test_aborts_queued_when_the_client_closes_are_still_sent() -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine()
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=5)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=5)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(engine.handshake, address)

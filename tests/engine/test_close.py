@@ -21,6 +21,7 @@ from anyio_genout import (
     EngineCoreClient,
     EngineCoreClientConfig,
     FinishReason,
+    HandshakeTransport,
 )
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.testing import input_queued
@@ -69,7 +70,7 @@ async def test_leaving_the_client_aborts_every_open_stream_once_in_one_frame() -
                 errors.append(exc)
 
     async with mock_engines() as (address, (engine,)):
-        config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address))
+        config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address)))
         async with anyio.create_task_group() as users, Client.connect(config) as client:
             for i in range(100):
                 users.start_soon(consume, client, i)
@@ -97,7 +98,7 @@ async def test_closing_aborts_open_and_just_left_requests_in_one_frame_per_engin
                 errors.append(exc)
 
     async with mock_engines(2) as (address, engines):
-        config = EngineCoreClientConfig(handshake_address=address, engine_count=2)
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2)
         async with anyio.create_task_group() as users, \
                 EngineCoreClient.connect(config) as client:
             for i in range(60):
@@ -124,7 +125,7 @@ async def test_closing_aborts_open_and_just_left_requests_in_one_frame_per_engin
 
 async def test_abort_returns_after_handing_its_frame_to_zeromq() -> None:
     async with mock_engines() as (address, (engine,)):
-        config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address))
+        config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address)))
         async with Client.connect(config) as client:
             for i in range(16):  # the sender task may or may not run first: never rely on it
                 async with client.generate(generate_request(f"r{i}", max_tokens=LONG)) as stream:
@@ -163,7 +164,7 @@ async def test_ctrl_c_landing_in_the_reader_task_is_a_plain_keyboard_interrupt(
         raise KeyboardInterrupt
 
     async with mock_engines() as (address, (engine,)):
-        config = EngineCoreClientConfig(handshake_address=address)
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address))
         with pytest.raises(KeyboardInterrupt):  # not an exception group, not a RuntimeError
             async with EngineCoreClient.connect(config) as client:
                 monkeypatch.setattr(client._reader, "dispatch", ctrl_c)  # the next output

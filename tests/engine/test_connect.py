@@ -16,9 +16,11 @@ import anyio
 import pytest
 
 from anyio_genout import (
+    BootstrappedTransport,
     EngineCoreClient,
     EngineCoreClientConfig,
     HandshakeTimeoutError,
+    HandshakeTransport,
 )
 from anyio_genout.engine import handshake
 from anyio_genout.mock import MockEngine, MockEngineConfig
@@ -33,19 +35,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("field", "address", "why"), [
-    ("handshake_address", "127.0.0.1:29550", r"no scheme \(did you mean 'tcp://127.0.0.1:29550'"),
-    ("handshake_address", "localhost", "no scheme"),
-    ("handshake_address", "tcp://127.0.0.1", "HOST:PORT"),
-    ("handshake_address", "tcp://:29550", "HOST:PORT"),
-    ("handshake_address", "tcp://127.0.0.1:*", "engines must know this port"),
-    ("handshake_address", "tcp://127.0.0.1:0", "engines must know this port"),
-    ("handshake_address", "tcp://127.0.0.1:70000", "not a number from 1 to 65535"),
-    ("handshake_address", "tcp://127.0.0.1:port", "not a number from 1 to 65535"),
-    ("handshake_address", "tcp://::1:29550", r"brackets: tcp://\[::1\]:29550"),
-    ("handshake_address", "tcp://[::1:29550", "HOST:PORT"),
-    ("handshake_address", "tcp://127.0.0.1 :29550", "white space"),
-    ("handshake_address", "udp://127.0.0.1:29550", "not a transport"),
-    ("handshake_address", "inproc://engines", "same ZeroMQ context"),
+    ("address", "127.0.0.1:29550", r"no scheme \(did you mean 'tcp://127.0.0.1:29550'"),
+    ("address", "localhost", "no scheme"),
+    ("address", "tcp://127.0.0.1", "HOST:PORT"),
+    ("address", "tcp://:29550", "HOST:PORT"),
+    ("address", "tcp://127.0.0.1:*", "engines must know this port"),
+    ("address", "tcp://127.0.0.1:0", "engines must know this port"),
+    ("address", "tcp://127.0.0.1:70000", "not a number from 1 to 65535"),
+    ("address", "tcp://127.0.0.1:port", "not a number from 1 to 65535"),
+    ("address", "tcp://::1:29550", r"brackets: tcp://\[::1\]:29550"),
+    ("address", "tcp://[::1:29550", "HOST:PORT"),
+    ("address", "tcp://127.0.0.1 :29550", "white space"),
+    ("address", "udp://127.0.0.1:29550", "not a transport"),
+    ("address", "inproc://engines", "same ZeroMQ context"),
     ("input_address", "ipc://", "needs a path"),
     ("input_address", "ipc:///" + "x" * 120, "at most 107"),
     ("output_address", "127.0.0.1:5555", "no scheme"),
@@ -54,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_bad_address_is_refused_naming_the_field_and_the_expected_form(
         field: str, address: str, why: str) -> None:
     with pytest.raises(ValueError, match=why) as info:
-        EngineCoreClientConfig(**{field: address})  # type: ignore[arg-type]
+        HandshakeTransport(**{field: address})
     message = str(info.value)
     assert message.startswith(f"{field} {address!r}: ")
     assert "tcp://HOST:PORT (e.g. tcp://127.0.0.1:29550)" in message
@@ -65,13 +67,14 @@ def test_a_bad_address_is_refused_naming_the_field_and_the_expected_form(
                                      "tcp://*:29550", "tcp://eth0:29550",
                                      "ipc:///tmp/genout.sock", "ipc://@abstract"])
 def test_only_sockets_engines_dial_need_a_fixed_port(address: str) -> None:
-    config = EngineCoreClientConfig(handshake_address=address, input_address=address,
-                                    output_address="tcp://127.0.0.1:*")
-    assert config.handshake_address == address
+    transport = HandshakeTransport(address, input_address=address,
+                                   output_address="tcp://127.0.0.1:*")
+    assert EngineCoreClientConfig(transport=transport).transport == transport
     # Bootstrapped, the engines dial the input and output sockets themselves.
     with pytest.raises(ValueError, match=r"output_address 'tcp://127.0.0.1:\*': engines must"):
-        EngineCoreClientConfig(bootstrapped=True, input_address=address,
-                               output_address="tcp://127.0.0.1:*")
+        BootstrappedTransport(input_address=address, output_address="tcp://127.0.0.1:*")
+    with pytest.raises(ValueError, match=r"input_address 'tcp://127.0.0.1:0': engines must"):
+        BootstrappedTransport(input_address="tcp://127.0.0.1:0", output_address=address)
 
 
 # ---------------------------------------------------------------------- waiting
@@ -94,7 +97,7 @@ async def test_waiting_for_absent_engines_says_what_and_where(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "anyio_genout.engine")
     address = free_tcp_address()
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2,
                                     ready_timeout=0.4)
     with pytest.raises(HandshakeTimeoutError):
         async with EngineCoreClient.connect(config):
@@ -122,7 +125,7 @@ async def test_waiting_for_a_loading_engine_is_logged_but_not_a_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "anyio_genout.engine")
     address = free_tcp_address()
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=0.5)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=0.5)
     engine = FakeEngine()
     try:
         async with anyio.create_task_group() as tg:
@@ -146,7 +149,8 @@ async def test_a_prompt_start_up_warns_nothing(caplog: pytest.LogCaptureFixture)
     address = free_tcp_address()
     async with anyio.create_task_group() as tg:
         tg.start_soon(MockEngine(MockEngineConfig(handshake_address=address, linger=0)).serve)
-        async with EngineCoreClient.connect(EngineCoreClientConfig(handshake_address=address)):
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address))
+        async with EngineCoreClient.connect(config):
             pass
         tg.cancel_scope.cancel()
     lines = waiting_lines(caplog)

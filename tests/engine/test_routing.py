@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anyio_genout import EngineCoreClientConfig, SamplingParams
+from anyio_genout import EngineCoreClientConfig, RoutingConfig, SamplingParams
 from anyio_genout.engine.routing import (
     EngineLoad,
     LoadRouter,
@@ -236,12 +236,14 @@ def test_make_router_and_config_refuse_bad_knobs_naming_them() -> None:
     assert isinstance(make_router("prefix", {0: BS}, {0: 10}), PrefixRouter)
     with pytest.raises(ValueError, match="routing must be one of 'load', 'prefix'"):
         make_router("cache", {0: BS}, {0: 10})
-    with pytest.raises(ValueError, match="routing must be one of"):
-        EngineCoreClientConfig(routing="round-robin")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="prefix_imbalance_threshold"):
-        EngineCoreClientConfig(prefix_imbalance_threshold=-1)
-    with pytest.raises(ValueError, match="prefix_memory_blocks"):
-        EngineCoreClientConfig(prefix_memory_blocks=0)
+    with pytest.raises(ValueError, match="mode must be one of 'load', 'prefix', got 'round-r"):
+        RoutingConfig("round-robin")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefix_imbalance_threshold must be a number >= 0"):
+        RoutingConfig(prefix_imbalance_threshold=-1)
+    with pytest.raises(ValueError, match="prefix_memory_blocks must be an integer >= 1"):
+        RoutingConfig(prefix_memory_blocks=0)
+    with pytest.raises(ValueError, match="routing must be a RoutingConfig, got str"):
+        EngineCoreClientConfig(routing="prefix")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="imbalance_threshold"):
         prefix_router(imbalance_threshold=float("nan"))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from anyio_genout import EngineCoreClient, SamplingParams
+from anyio_genout import EngineCoreClient, RoutingConfig, SamplingParams
 from anyio_genout.engine.routing import PrefixRouter
 from anyio_genout.protocol import EngineCoreRequest
 from tests.cluster import mock_cluster
@@ -40,7 +40,7 @@ async def run(client: EngineCoreClient, request: EngineCoreRequest) -> tuple[int
 
 
 async def test_a_request_follows_its_system_prompt_to_the_engine_that_cached_it() -> None:
-    async with mock_cluster(2, routing="prefix") as cluster:
+    async with mock_cluster(2, routing=RoutingConfig("prefix")) as cluster:
         client = cluster.client
         async with client.call(req("a0", [*system(0), 1, 2])) as a0, \
                 client.call(req("b0", [*system(1), 1, 2])) as b0:
@@ -60,7 +60,8 @@ async def test_a_request_follows_its_system_prompt_to_the_engine_that_cached_it(
 
 async def test_an_engine_that_evicted_corrects_the_router() -> None:
     # The engine keeps 5 blocks, far fewer than the KV cache it reports (the router's cap).
-    async with mock_cluster(1, mock={"prefix_cache_blocks": 5}, routing="prefix") as cluster:
+    async with mock_cluster(1, mock={"prefix_cache_blocks": 5},
+                            routing=RoutingConfig("prefix")) as cluster:
         client = cluster.client
         router = client.router
         assert isinstance(router, PrefixRouter)
@@ -77,7 +78,7 @@ async def test_an_engine_that_evicted_corrects_the_router() -> None:
 async def test_load_routing_is_the_default_and_ignores_prefixes() -> None:
     async with mock_cluster(2) as cluster:  # the default routing
         client = cluster.client
-        assert client.config.routing == "load"
+        assert client.config.routing.mode == "load"
         await run(client, req("a0", [*system(0), 1]))
         async with client.call(req("hold", [1, 2, 3])) as hold:
             assert hold.engine_index == 0

@@ -10,7 +10,12 @@ import socket
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClientConfig, HandshakeTimeoutError
+from anyio_genout import (
+    BootstrappedTransport,
+    EngineCoreClientConfig,
+    HandshakeTimeoutError,
+    HandshakeTransport,
+)
 from anyio_genout.engine.handshake import serve_handshake
 from anyio_genout.generate import Client, ClientConfig, GenerateRequest
 from anyio_genout.mock import MockEngine, MockEngineConfig
@@ -25,22 +30,25 @@ def _listener() -> tuple[str, int]:
     return f"tcp://127.0.0.1:{sock.getsockname()[1]}", sock.detach()
 
 
-def _front_end(index: int) -> EngineCoreClientConfig:
+def _adopted_listeners() -> BootstrappedTransport:
     (inp, inp_fd), (out, out_fd) = _listener(), _listener()
-    return EngineCoreClientConfig(bootstrapped=True, client_index=index, input_address=inp,
-                                  output_address=out, input_listener_fd=inp_fd,
-                                  output_listener_fd=out_fd, ready_timeout=10)
+    return BootstrappedTransport(input_address=inp, output_address=out,
+                                 input_listener_fd=inp_fd, output_listener_fd=out_fd)
 
 
 async def test_two_front_ends_are_each_answered_on_their_own_sockets() -> None:
     handshake = free_tcp_address()
-    front = [_front_end(0), _front_end(1)]
+    transports = [_adopted_listeners(), _adopted_listeners()]
+    front = [EngineCoreClientConfig(transport=t, client_index=i, ready_timeout=10)
+             for i, t in enumerate(transports)]
     engine = MockEngine(MockEngineConfig(handshake_address=handshake, step_time=0.001,
                                          linger=0.0))
     async with anyio.create_task_group() as tg:
         tg.start_soon(serve_handshake,
-                      EngineCoreClientConfig(handshake_address=handshake, ready_timeout=10),
-                      [c.input_address for c in front], [c.output_address for c in front])
+                      EngineCoreClientConfig(transport=HandshakeTransport(handshake),
+                                             ready_timeout=10),
+                      [t.input_address for t in transports],
+                      [t.output_address for t in transports])
         tg.start_soon(engine.serve)
         with anyio.fail_after(20):
             async with (Client.connect(ClientConfig(engine=front[0], registry=None)) as a,
@@ -68,13 +76,16 @@ async def test_two_front_ends_are_each_answered_on_their_own_sockets() -> None:
 
 
 async def test_the_handshake_owner_says_which_engines_never_dialled_in() -> None:
-    config = EngineCoreClientConfig(handshake_address=free_tcp_address(), engine_count=2,
-                                    ready_timeout=0.3)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(free_tcp_address()),
+                                    engine_count=2, ready_timeout=0.3)
     with pytest.raises(HandshakeTimeoutError, match=r"waiting for HELLO from engine\(s\) 0, 1"):
         await serve_handshake(config, ["tcp://127.0.0.1:1"], ["tcp://127.0.0.1:2"])
 
 
 def test_a_listener_fd_needs_the_tcp_address_it_is_bound_at() -> None:
     with pytest.raises(ValueError, match="input_listener_fd needs the tcp:// input_address"):
-        EngineCoreClientConfig(bootstrapped=True, input_address="ipc:///tmp/x",
-                               output_address="ipc:///tmp/y", input_listener_fd=5)
+        BootstrappedTransport(input_address="ipc:///tmp/x", output_address="ipc:///tmp/y",
+                              input_listener_fd=5)
+    with pytest.raises(ValueError, match="output_listener_fd needs the tcp:// output_address"):
+        BootstrappedTransport(input_address="tcp://127.0.0.1:5555",
+                              output_address="ipc:///tmp/y", output_listener_fd=5)

@@ -13,7 +13,13 @@ import anyio
 import pytest
 import zmq
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, ProtocolError, SamplingParams
+from anyio_genout import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    ProtocolError,
+    SamplingParams,
+)
 from anyio_genout.mock import MockEngine, MockEngineConfig
 from anyio_genout.protocol import (
     EngineCoreFinishReason,
@@ -47,7 +53,7 @@ async def test_an_engine_played_in_process_gets_the_add_and_its_outputs_reach_th
     address = free_tcp_address()
     engine = MockEngine(MockEngineConfig(handshake_address=address, step_time=0.01, linger=0.0))
     async with anyio.create_task_group() as tg:
-        config = EngineCoreClientConfig(handshake_address=address)
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address))
         tg.start_soon(engine.serve)
         async with EngineCoreClient.connect(config) as client:
             sent: list[list[Any]] = []
@@ -74,7 +80,7 @@ async def test_an_undecodable_output_delivered_makes_the_client_unhealthy() -> N
     address = free_tcp_address()
     engine = MockEngine(MockEngineConfig(handshake_address=address, step_time=0.01, linger=0.0))
     async with anyio.create_task_group() as tg:
-        config = EngineCoreClientConfig(handshake_address=address)
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address))
         tg.start_soon(engine.serve)
         async with EngineCoreClient.connect(config) as client:
             deliver_output(client, [zmq.Frame(b"\xc1 not msgpack")])

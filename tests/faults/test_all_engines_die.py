@@ -12,23 +12,24 @@ killed with SIGKILL is in ``tests/server/test_serve_lifecycle.py``.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClientConfig, EngineDeadError, HandshakeTimeoutError
+from anyio_genout import EngineDeadError, HandshakeTimeoutError, HealthConfig
 from tests.cluster import generate_client
 from tests.faults.test_rejoin import settings, stream
 from tests.support import wait_until
 
 pytestmark = pytest.mark.anyio
 
-WAIT = {"last_engine_death": "wait"}
+WAIT: dict[str, Any] = {"last_engine_death": "wait"}
 
 
 @pytest.mark.parametrize("way", ["sentinel", "sockets closed"])
 async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> None:
-    async with generate_client(**settings(2, **WAIT)) as (_, c):
+    async with generate_client(**settings(2, health=WAIT)) as (_, c):
         engine = c.client
         for rank in (0, 1):  # the client learns which connection is whose
             assert (await stream(c.front, f"first{rank}", rank=rank))[0] == rank
@@ -61,7 +62,7 @@ async def test_every_engine_dead_then_one_restarted_serves_again(way: str) -> No
 
 
 async def test_one_engine_dies_and_comes_back_three_times() -> None:
-    async with generate_client(**settings(1, **WAIT)) as (_, c):
+    async with generate_client(**settings(1, health=WAIT)) as (_, c):
         for round_ in range(3):
             await c.kill(0, "sockets closed")
             assert c.client.is_healthy and c.client.live_engines == []
@@ -71,7 +72,7 @@ async def test_one_engine_dies_and_comes_back_three_times() -> None:
 
 
 async def test_a_bootstrapped_client_takes_back_its_only_engine() -> None:
-    async with generate_client(**settings(1, bootstrapped=True, **WAIT)) as (_, c):
+    async with generate_client(**settings(1, bootstrapped=True, health=WAIT)) as (_, c):
         await c.kill(0, "sockets closed")
         assert c.client.is_healthy and c.client.live_engines == []
         await c.restart(0)
@@ -96,6 +97,6 @@ async def test_a_failed_client_refuses_a_restart_saying_why(
 
 def test_waiting_needs_per_engine_failure() -> None:
     with pytest.raises(ValueError, match='last_engine_death="wait" needs engine_failure'):
-        EngineCoreClientConfig(last_engine_death="wait", engine_failure="client")
-    with pytest.raises(ValueError):
-        EngineCoreClientConfig(last_engine_death="later")  # type: ignore[arg-type]
+        HealthConfig(last_engine_death="wait", engine_failure="client")
+    with pytest.raises(ValueError, match="last_engine_death must be one of 'fail', 'wait'"):
+        HealthConfig(last_engine_death="later")  # type: ignore[arg-type]

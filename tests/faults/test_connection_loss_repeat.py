@@ -14,7 +14,13 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClient, EngineCoreRequest, ProtocolError, SamplingParams
+from anyio_genout import (
+    EngineCoreClient,
+    EngineCoreRequest,
+    HealthConfig,
+    ProtocolError,
+    SamplingParams,
+)
 from tests.cluster import mock_cluster
 from tests.support import wait_until
 
@@ -43,7 +49,8 @@ async def _call(client: EngineCoreClient, request: EngineCoreRequest,
 async def test_an_answer_lost_with_the_next_drop_does_not_hide_the_loss(run: int) -> None:
     # Two running at once: the long stream and one oversized request per step (1 ms).
     async with mock_cluster(mock={"step_time": 0.001, "max_num_seqs": 2},
-                            max_message_size=LIMIT, liveness_interval=None) as cluster:
+                            max_message_size=LIMIT,
+                            health=HealthConfig(liveness_interval=None)) as cluster:
         client = cluster.client
         errors: list[BaseException | None] = []
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=20)

@@ -14,6 +14,7 @@ from anyio_genout import (
     EngineCoreClientConfig,
     EngineDeadError,
     HandshakeTimeoutError,
+    HandshakeTransport,
 )
 from anyio_genout.cli.engines import ClientSession
 from anyio_genout.cli.main import build_parser
@@ -53,7 +54,7 @@ async def test_dead_before_ready_fails_connect_at_once() -> None:
     instead of READY: connect raises EngineDeadError now, not after ready_timeout."""
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine()
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=30)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=30)
 
     async def die_during_handshake() -> None:
         await engine.handshake(address, send_ready=False)
@@ -73,7 +74,7 @@ async def test_dead_before_ready_fails_connect_at_once() -> None:
 async def test_one_of_two_engines_dead_before_ready_fails_connect() -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     good, bad = FakeEngine(0), FakeEngine(1)
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2,
                                     ready_timeout=30)
 
     async def die() -> None:
@@ -98,7 +99,7 @@ async def test_engine_vanishing_after_hello_times_out_naming_the_stage() -> None
     the error says which stage and which engine."""
     address = f"tcp://127.0.0.1:{free_port()}"
     engine = FakeEngine()
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=0.5)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=0.5)
 
     async def vanish() -> None:
         await engine.handshake(address, send_ready=False, register=False)
@@ -118,7 +119,7 @@ async def test_mock_dying_right_after_ready() -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     mock = MockEngine(MockEngineConfig(handshake_address=address, linger=0.5,
                                        faults=MockFaults(dead_after_steps=0)))
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=10)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=10)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mock.serve)
         with anyio.fail_after(5):
@@ -138,7 +139,7 @@ async def test_ready_delay_then_death_while_connecting_is_not_a_hang() -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     mock = MockEngine(MockEngineConfig(handshake_address=address, linger=0.5,
                                        faults=MockFaults(ready_delay=30)))
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=30)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=30)
     async with anyio.create_task_group() as tg:
         tg.start_soon(mock.serve)
         with anyio.move_on_after(0.3) as scope:

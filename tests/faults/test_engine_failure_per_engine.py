@@ -25,6 +25,7 @@ from anyio_genout import (
     Client,
     EngineDeadError,
     GenerateRequest,
+    HealthConfig,
     UtilityCallError,
 )
 from anyio_genout.mock import MockFaults
@@ -62,15 +63,18 @@ LATER = _requests("later", AFTER)
 
 
 def settings(victim_faults: MockFaults | None = None, *,
-             mock: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
+             mock: dict[str, Any] | None = None, health: dict[str, Any] | None = None,
+             **config: Any) -> dict[str, Any]:
     """:func:`generate_client`'s settings for this suite: ``ENGINES`` engines, engine
-    ``VICTIM`` with ``victim_faults``; ``mock``: more MockEngineConfig settings; the rest:
-    EngineCoreClientConfig settings, or ``generate`` (ClientConfig settings)."""
+    ``VICTIM`` with ``victim_faults``; ``mock``: more MockEngineConfig settings; ``health``:
+    more HealthConfig settings; the rest: EngineCoreClientConfig settings, or ``generate``
+    (ClientConfig settings)."""
     # Only the silent engine needs the liveness check (short here; on a loaded machine a
     # short timeout could flag a live engine, so the other cases turn it off).
     return {"engines": ENGINES, "mock": {"step_time": 0.01, "linger": 0.0, **(mock or {})},
             "overrides": {VICTIM: {"faults": victim_faults}} if victim_faults else {},
-            "disconnect_grace": 0.5, "liveness_interval": 0.2, "liveness_timeout": 1.0,
+            "health": HealthConfig(**{"disconnect_grace": 0.5, "liveness_interval": 0.2,
+                                      "liveness_timeout": 1.0, **(health or {})}),
             **config}
 
 
@@ -103,7 +107,8 @@ async def reference() -> dict[str, list[int]]:
     """The tokens of an undisturbed run of both waves (computed once)."""
     if not _REFERENCE:
         tokens: dict[str, list[int]] = {}
-        async with generate_client(**settings(liveness_interval=None)) as (_, undisturbed):
+        async with generate_client(**settings(health={"liveness_interval": None})) as (
+                _, undisturbed):
             for wave in (WAVE, LATER):
                 for rid, outcome in (await run_wave(undisturbed.front, wave)).items():
                     assert outcome.error is None
@@ -127,6 +132,7 @@ async def no_kill(c: MockCluster) -> None:
     return  # the fault is in the victim's MockFaults
 
 
+#: The fault, how it is caused, the error it gives, and HealthConfig settings.
 WAYS: dict[str, tuple[MockFaults | None, Any, str, dict[str, Any]]] = {
     "sentinel": (MockFaults(dead_after_steps=3), no_kill, "ENGINE_CORE_DEAD (engine 2)",
                  {"liveness_interval": None}),
@@ -141,8 +147,8 @@ WAYS: dict[str, tuple[MockFaults | None, Any, str, dict[str, Any]]] = {
 @pytest.mark.parametrize("way", list(WAYS))
 async def test_one_engine_dies_only_its_requests_fail_and_the_rest_serve(way: str) -> None:
     expected = await reference()
-    faults, kill, message, config = WAYS[way]
-    async with generate_client(**settings(faults, **config)) as (_, c):
+    faults, kill, message, health = WAYS[way]
+    async with generate_client(**settings(faults, health=health)) as (_, c):
         client, engine = c.front, c.client
         assert engine_up(client) == {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
         async with anyio.create_task_group() as tg:
@@ -198,7 +204,7 @@ async def test_one_engine_dies_only_its_requests_fail_and_the_rest_serve(way: st
 
 
 async def test_the_last_engine_death_makes_the_client_unhealthy() -> None:
-    async with generate_client(**settings(liveness_interval=None)) as (_, c):
+    async with generate_client(**settings(health={"liveness_interval": None})) as (_, c):
         engine = c.client
         for rank in (0, 1, 3):
             c.scopes[rank].cancel()
@@ -217,7 +223,7 @@ async def test_the_last_engine_death_makes_the_client_unhealthy() -> None:
 
 async def test_a_utility_call_reports_the_engine_that_died_while_it_waited() -> None:
     async with generate_client(**settings(MockFaults(silent_after_steps=0),
-                                          liveness_interval=0.3)) as (_, c):
+                                          health={"liveness_interval": 0.3})) as (_, c):
         engine = c.client
         with anyio.fail_after(5), pytest.raises(UtilityCallError) as info:
             await engine.call_utility("is_sleeping")  # engine 2 never answers
@@ -230,8 +236,8 @@ async def test_a_utility_call_reports_the_engine_that_died_while_it_waited() -> 
 
 async def test_whole_client_policy_fails_everything_and_aborts_on_the_survivors() -> None:
     async with generate_client(**settings(MockFaults(dead_after_steps=3),
-                                          engine_failure="client",
-                                          liveness_interval=None)) as (_, c):
+                                          health={"engine_failure": "client",
+                                                  "liveness_interval": None})) as (_, c):
         wave = await run_wave(c.front, WAVE[:100])
         engine = c.client
         assert not engine.is_healthy

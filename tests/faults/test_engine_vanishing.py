@@ -26,11 +26,14 @@ import attrs
 import pytest
 
 from anyio_genout import (
+    BootstrappedTransport,
     Client,
     ClientConfig,
     EngineCoreClient,
     EngineCoreClientConfig,
     EngineDeadError,
+    HandshakeTransport,
+    HealthConfig,
     ProtocolError,
 )
 from anyio_genout.engine.config import DEFAULT_HANDSHAKE_ADDRESS
@@ -55,11 +58,9 @@ STEPPING = {"step_time": 0.01, "linger": 0.0}
 
 def default_config(address: str, engines: int = 1) -> EngineCoreClientConfig:
     """The defaults, but for the address (and a start-up bound that fits a test)."""
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=engines,
-                                    ready_timeout=20)
-    defaults = EngineCoreClientConfig()
-    assert (config.disconnect_grace, config.heartbeat_interval, config.liveness_interval) \
-        == (defaults.disconnect_grace, defaults.heartbeat_interval, defaults.liveness_interval)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address),
+                                    engine_count=engines, ready_timeout=20)
+    assert config.health == HealthConfig()
     return config
 
 
@@ -148,7 +149,7 @@ async def test_an_engine_whose_sockets_close_fails_everything_within_5_s() -> No
                 gone = time.monotonic()
                 cluster.scopes[0].cancel()
         detected = outcomes.assert_all_dead(STREAMS + 1, 0, gone)
-        assert detected >= client.config.disconnect_grace * 0.9  # it waited for a return
+        assert detected >= client.config.health.disconnect_grace * 0.9  # it waited for a return
         error = str(client.health_error)
         assert error == ("engine 0: its connection to the client's input and output "
                          "sockets closed and it did not answer or reconnect within 2 s "
@@ -207,8 +208,8 @@ async def test_a_frozen_engine_process_is_found_by_the_heartbeats() -> None:
     instead of the default 1 + 3 s and 2 s, to keep the test short)."""
     address = f"tcp://127.0.0.1:{free_port()}"
     outcomes = Outcomes()
-    config = attrs.evolve(default_config(address), heartbeat_interval=0.1,
-                          heartbeat_timeout=0.4, disconnect_grace=1.0)
+    config = attrs.evolve(default_config(address), health=HealthConfig(
+        heartbeat_interval=0.1, heartbeat_timeout=0.4, disconnect_grace=1.0))
     async with mock_engine_process(address, "--step-time", "0.01") as process:
         try:
             async with EngineCoreClient.connect(config) as client:
@@ -274,8 +275,8 @@ async def engine_behind_proxy(**mock: Any) -> AsyncIterator[tuple[EngineCoreClie
     """A bootstrapped client and one mock engine whose output connection runs through a
     :class:`Proxy`; the default detection settings."""
     inp, out = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    config = attrs.evolve(default_config(DEFAULT_HANDSHAKE_ADDRESS), bootstrapped=True,
-                          input_address=inp, output_address=out)
+    config = attrs.evolve(default_config(DEFAULT_HANDSHAKE_ADDRESS),
+                          transport=BootstrappedTransport(input_address=inp, output_address=out))
     async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener, \
             anyio.create_task_group() as tg:
         proxy = Proxy(listener, out)
@@ -335,7 +336,7 @@ def _utilities(engine: MockEngine) -> list[UtilityRequest]:
 async def test_one_of_two_engines_killed_is_named() -> None:
     # The whole-client policy (the per-engine one: test_engine_failure_per_engine.py).
     async with mock_cluster(2, mock=STEPPING, ready_timeout=20,
-                            engine_failure="client") as cluster:
+                            health=HealthConfig(engine_failure="client")) as cluster:
         client = cluster.client
         errors: list[BaseException | None] = []
 

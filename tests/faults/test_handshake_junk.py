@@ -17,7 +17,13 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, HandshakeError
+from anyio_genout import (
+    BootstrappedTransport,
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeError,
+    HandshakeTransport,
+)
 from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
 from tests.engine.fake import FakeEngine, free_port
 from tests.support import wait_until
@@ -37,7 +43,8 @@ async def connect_after(junk: list[list[bytes]], *, identity: bytes | None = Non
     """Send ``junk`` from a third-party DEALER once the client is bound, wait ``until`` the
     client has read it (or a moment), then let the real engine connect."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=ready_timeout)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address),
+                                    ready_timeout=ready_timeout)
     intruder = RawPeer(zmq.DEALER, identity=identity)
     engine = FakeEngine()
     failed: HandshakeError | None = None
@@ -92,7 +99,7 @@ async def test_a_junk_flood_is_logged_a_bounded_number_of_times(
 async def test_raw_tcp_garbage_never_reaches_the_client() -> None:
     """Not even ZMTP: ZeroMQ drops the connection before the client sees anything."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(handshake_address=address, ready_timeout=5)
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=5)
     engine = FakeEngine()
     port = int(address.rsplit(":", 1)[1])
     try:
@@ -130,8 +137,8 @@ async def test_hello_from_an_unexpected_rank_is_a_handshake_error() -> None:
 async def test_junk_on_the_input_socket_during_registration_is_ignored() -> None:
     """Bootstrapped mode: the input socket's port is known; a stranger writes to it first."""
     inp, outp = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(bootstrapped=True, input_address=inp, output_address=outp,
-                                    ready_timeout=5)
+    config = EngineCoreClientConfig(
+        transport=BootstrappedTransport(input_address=inp, output_address=outp), ready_timeout=5)
     intruder = RawPeer(zmq.DEALER).connect(inp)
     engine = FakeEngine()
     try:

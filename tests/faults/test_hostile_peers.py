@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anyio_genout import (
+    BootstrappedTransport,
     EngineCoreClient,
     EngineCoreClientConfig,
     EngineCoreOutputStream,
@@ -76,8 +77,9 @@ class Target:
 @asynccontextmanager
 async def target(**config: Any) -> AsyncIterator[Target]:
     inp, outp = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-    cfg = EngineCoreClientConfig(bootstrapped=True, input_address=inp, output_address=outp,
-                                 ready_timeout=5, **config)
+    cfg = EngineCoreClientConfig(
+        transport=BootstrappedTransport(input_address=inp, output_address=outp),
+        ready_timeout=5, **config)
     engine = FakeEngine()
     try:
         async with anyio.create_task_group() as tg:

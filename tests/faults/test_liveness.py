@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClientConfig, EngineDeadError
+from anyio_genout import EngineCoreClientConfig, EngineDeadError, HealthConfig
 from anyio_genout.mock import MockFaults
 from anyio_genout.protocol import UtilityRequest
 from tests.cluster import mock_cluster
@@ -24,7 +24,7 @@ from .support import drain, engine_request
 
 pytestmark = pytest.mark.anyio
 
-LIVENESS: dict[str, Any] = {"liveness_interval": 0.2, "liveness_timeout": 0.5}
+LIVENESS: dict[str, Any] = {"health": HealthConfig(liveness_interval=0.2, liveness_timeout=0.5)}
 
 
 async def test_silent_engine_is_detected_and_streams_fail() -> None:
@@ -111,10 +111,10 @@ async def test_the_check_is_on_by_default_and_can_be_turned_off() -> None:
     (docs/reliability.md). ``liveness_interval=None`` turns it off: the client then cannot
     tell silence from a slow engine; callers' own timeouts still work, and leaving the scope
     still cleans up."""
-    defaults = EngineCoreClientConfig()
+    defaults = EngineCoreClientConfig().health
     assert defaults.liveness_interval == 10.0 and defaults.liveness_timeout == 60.0
     async with mock_cluster(faults=MockFaults(silent_after_steps=2),
-                            liveness_interval=None) as cluster:
+                            health=HealthConfig(liveness_interval=None)) as cluster:
         client = cluster.client
         with anyio.move_on_after(0.5) as scope:
             async with client.call(engine_request("a", max_tokens=1000)) as stream:

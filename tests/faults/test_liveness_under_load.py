@@ -25,6 +25,8 @@ from anyio_genout import (
     ClientConfig,
     EngineCoreClientConfig,
     GenerateRequest,
+    HandshakeTransport,
+    HealthConfig,
     SamplingParams,
 )
 from tests.support import mock_engine_process
@@ -50,8 +52,9 @@ async def test_consumers_slower_than_the_engine_never_make_it_look_dead(
         engine_address: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="anyio_genout")
     config = ClientConfig(engine=EngineCoreClientConfig(
-        handshake_address=engine_address, ready_timeout=20, liveness_interval=0.1,
-        liveness_timeout=LIVENESS_TIMEOUT), registry=None)
+        transport=HandshakeTransport(engine_address), ready_timeout=20,
+        health=HealthConfig(liveness_interval=0.1, liveness_timeout=LIVENESS_TIMEOUT)),
+        registry=None)
     tokens: list[int] = []
     errors: list[BaseException] = []
     async with Client.connect(config) as client:

@@ -25,6 +25,7 @@ from anyio_genout import (
     EngineCoreClientConfig,
     EngineDeadError,
     GenerateRequest,
+    HandshakeTransport,
     InvalidRequestError,
     SamplingParams,
     collect_output,
@@ -77,7 +78,7 @@ async def connected_client(config: ClientConfig, **mock: Any
     """``Client.connect(config)`` to one mock engine (``mock``: its config)."""
     address = f"tcp://127.0.0.1:{free_port()}"
     config = ClientConfig(
-        engine=EngineCoreClientConfig(handshake_address=address, ready_timeout=10,
+        engine=EngineCoreClientConfig(transport=HandshakeTransport(address), ready_timeout=10,
                                       vocab_size=config.engine.vocab_size),
         vocab_size=config.vocab_size, model_name="refusal")
     engine = MockEngine(MockEngineConfig(handshake_address=address, linger=0.5, **mock))

@@ -125,7 +125,7 @@ async def run_wave(client: Client, requests: Sequence[GenerateRequest],
 async def reference() -> dict[str, Outcome]:
     """An undisturbed run of the wave (greedy: the same on every backend), computed once."""
     if not _REFERENCE:
-        async with generate_client(**settings(liveness_interval=None, mock=MOCK)) as (
+        async with generate_client(**settings(health={"liveness_interval": None}, mock=MOCK)) as (
                 _, undisturbed):
             wave = await run_wave(undisturbed.front, WAVE)
         assert all(o.error is None and o.migrations == 0 for o in wave.values())
@@ -146,9 +146,9 @@ def migrations_total(client: Client) -> dict[str, float]:
 @pytest.mark.parametrize("way", list(WAYS))
 async def test_with_migration_every_stream_finishes_as_if_undisturbed(way: str) -> None:
     expected = await reference()
-    faults, kill, _message, config = WAYS[way]
+    faults, kill, _message, health = WAYS[way]
     async with generate_client(**settings(faults, mock=MOCK, generate={"migration_limit": 2},
-                                          **config)) as (_, c):
+                                          health=health)) as (_, c):
         client = c.front
         wave: dict[str, Outcome] = {}
         async with anyio.create_task_group() as tg:
@@ -236,7 +236,7 @@ async def test_a_request_out_of_migrations_gets_its_one_error() -> None:
     request = generate_request("long", prompt=(5, 6, 7), max_tokens=40)
     want = greedy_tokens((5, 6, 7), 40)
     async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         tokens, error, killed = await _one_long_stream(c, request, kills=2)
         # Moved once (no gap, no duplicate), then its second engine's death surfaced.
         assert isinstance(error, EngineDeadError) and error.ranks == (killed[1],)
@@ -244,7 +244,7 @@ async def test_a_request_out_of_migrations_gets_its_one_error() -> None:
         assert c.front.metrics.migrations == {killed[0]: 1}
         assert c.client.is_healthy and c.client.in_flight == 0
     async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 2},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         tokens, error, killed = await _one_long_stream(c, request, kills=2)
         assert error is None and tokens == want  # two moves allowed: it finishes
         assert c.front.metrics.migrations == {killed[0]: 1, killed[1]: 1}
@@ -259,7 +259,7 @@ async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
                                                              max_tokens=40))
     undisturbed = sampled_tokens(prompt, 40, seed=7)
     async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         tokens, error, _killed = await _one_long_stream(c, request, kills=1)
     assert error is None and len(tokens) == 40 and tokens != undisturbed
     moved_at = [k for k in range(3, 40) if tokens == undisturbed[:k] + sampled_tokens(
@@ -270,7 +270,7 @@ async def test_a_seeded_request_moves_but_its_generator_restarts() -> None:
 async def test_pinned_requests_are_not_migrated() -> None:
     async with generate_client(**settings(MockFaults(dead_after_steps=3), mock=MOCK,
                                           generate={"migration_limit": 3},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         pinned = attrs.evolve(generate_request("pinned", max_tokens=80),
                               data_parallel_rank=VICTIM)
         wave = await run_wave(c.front, [pinned])
@@ -281,7 +281,7 @@ async def test_pinned_requests_are_not_migrated() -> None:
 
 async def test_leaving_the_scope_mid_migration_aborts_once_on_the_new_engine() -> None:
     async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         client, engine = c.front, c.client
         tokens: list[int] = []
         with anyio.fail_after(10):
@@ -321,7 +321,7 @@ async def test_leaving_the_scope_mid_migration_aborts_once_on_the_new_engine() -
 
 async def test_client_abort_by_external_id_reaches_the_continuation() -> None:
     async with generate_client(**settings(mock=MOCK, generate={"migration_limit": 1},
-                                          liveness_interval=None)) as (_, c):
+                                          health={"liveness_interval": None})) as (_, c):
         client = c.front
         finish: list[FinishReason | None] = []
         with anyio.fail_after(10):
@@ -391,10 +391,10 @@ async def run_text_wave(text: TextClient, started: anyio.Event | None = None
 
 @pytest.mark.parametrize("way", ["sentinel"])
 async def test_text_and_stop_strings_are_seamless_across_a_migration(way: str) -> None:
-    faults, kill, _message, config = WAYS[way]
+    faults, kill, _message, health = WAYS[way]
     mock = {**MOCK, "corpus_token_ids": corpus()}
     if not _TEXT_REFERENCE:
-        async with generate_client(**settings(liveness_interval=None, mock=mock)) as (
+        async with generate_client(**settings(health={"liveness_interval": None}, mock=mock)) as (
                 _, undisturbed):
             _TEXT_REFERENCE.update(await run_text_wave(TextClient(undisturbed.front,
                                                                   tokenizer())))
@@ -403,7 +403,7 @@ async def test_text_and_stop_strings_are_seamless_across_a_migration(way: str) -
                if finish is not None and isinstance(finish.stop_reason, str)]
     assert len(stopped) >= 10  # the stop strings are met (late) in the undisturbed run
     async with generate_client(**settings(faults, mock=mock, generate={"migration_limit": 1},
-                                          **config)) as (_, c):
+                                          health=health)) as (_, c):
         results: dict[str, tuple[str, list[int], FinishReason | None]] = {}
         async with anyio.create_task_group() as tg:
             started = anyio.Event()

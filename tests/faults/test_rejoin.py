@@ -27,6 +27,8 @@ from anyio_genout import (
     Client,
     EngineDeadError,
     HandshakeTimeoutError,
+    HandshakeTransport,
+    HealthConfig,
 )
 from anyio_genout.mock import MockEngine, MockFaults
 from anyio_genout.protocol import EngineStatus, StatusMessage, encode_status
@@ -40,13 +42,15 @@ VICTIM = 1
 
 
 def settings(engines: int = 3, *, victim: dict[str, Any] | None = None,
-             **config: Any) -> dict[str, Any]:
+             health: dict[str, Any] | None = None, **config: Any) -> dict[str, Any]:
     """:func:`generate_client`'s settings for this suite: ``engines`` mock engines
-    (``victim``: engine ``VICTIM``'s overrides), no liveness check; the rest:
-    :func:`generate_client`'s (``bootstrapped``) and EngineCoreClientConfig settings."""
+    (``victim``: engine ``VICTIM``'s overrides), a short disconnect grace and no liveness
+    check (``health``: other HealthConfig settings); the rest: :func:`generate_client`'s
+    (``bootstrapped``) and EngineCoreClientConfig settings."""
     return {"engines": engines, "mock": {"step_time": 0.002, "linger": 0.0},
             "overrides": {VICTIM: victim} if victim else {}, "model_name": "rejoin",
-            "disconnect_grace": 0.5, "liveness_interval": None, **config}
+            "health": HealthConfig(**{"disconnect_grace": 0.5, "liveness_interval": None,
+                                      **(health or {})}), **config}
 
 
 async def stream(client: Client, rid: str, *, rank: int | None = None,
@@ -158,7 +162,9 @@ async def test_a_hello_from_a_rank_that_is_up_is_refused(
 async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
         caplog: pytest.LogCaptureFixture) -> None:
     async with generate_client(**settings(2)) as (_, c):
-        address = c.client.config.handshake_address
+        transport = c.client.config.transport
+        assert isinstance(transport, HandshakeTransport)
+        address = transport.address
         with caplog.at_level(logging.WARNING, "anyio_genout.engine"):
             # Junk on the handshake socket after start-up, also under an engine's identity.
             for identity, junk in ((b"stray", [b"\xc1"]), (b"\x00\x00", [b"\xc1"]),
@@ -196,8 +202,8 @@ async def test_a_hung_engine_restarted_takes_over_its_identity_and_rejoins() -> 
     # The hung engine's process lives on with its connections open (found by the liveness
     # check): the new engine takes its identity over (ROUTER_HANDOVER) on both sockets.
     async with generate_client(**settings(victim={"faults": MockFaults(silent_after_steps=0)},
-                                          liveness_interval=0.2,
-                                          liveness_timeout=2.0)) as (_, c):
+                                          health={"liveness_interval": 0.2,
+                                                  "liveness_timeout": 2.0})) as (_, c):
         hung = c.engines[VICTIM]
         await wait_until(lambda: VICTIM not in c.client.live_engines, 10)
         assert "did not answer a liveness check" in str(c.client.engine_health[VICTIM])

@@ -18,6 +18,7 @@ from anyio_genout import (
     ClientConfig,
     EngineCoreClientConfig,
     GenerateRequest,
+    HandshakeTransport,
     SamplingParams,
 )
 from tests.support import mock_engine_process, wait_until
@@ -37,8 +38,8 @@ async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str,
                                                             per_step: bool) -> None:
     """Per step: 0.2 ms of work per output. Coalesced, the outputs that waited come as one,
     so the work is per token there (else the consumer keeps up and the stream ends first)."""
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=engine_address,
-                                                        ready_timeout=20), registry=None)
+    config = ClientConfig(engine=EngineCoreClientConfig(
+        transport=HandshakeTransport(engine_address), ready_timeout=20), registry=None)
     async with Client.connect(config) as client:
         for n in range(3):
             request = GenerateRequest(request_id=f"busy-{n}", prompt_token_ids=[1, 2, 3],

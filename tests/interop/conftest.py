@@ -32,7 +32,13 @@ from pathlib import Path
 
 import pytest
 
-from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, HandshakeError
+from anyio_genout import (
+    Client,
+    ClientConfig,
+    EngineCoreClientConfig,
+    HandshakeError,
+    HandshakeTransport,
+)
 from anyio_genout.transport import free_tcp_port
 from anyio_genout.vllm import (
     VllmEngines,
@@ -120,9 +126,9 @@ async def running_client(real: RealVllm, *, engine_count: int = 1,
     """
     address = f"tcp://127.0.0.1:{free_port()}"
     config = ClientConfig(
-        engine=EngineCoreClientConfig(handshake_address=address, engine_count=engine_count,
-                                      advertised_host="127.0.0.1",
-                                      ready_timeout=ready_timeout),
+        engine=EngineCoreClientConfig(
+            transport=HandshakeTransport(address, advertised_host="127.0.0.1"),
+            engine_count=engine_count, ready_timeout=ready_timeout),
         model_name="tiny",
         vocab_size=real.vocab_size,
     )

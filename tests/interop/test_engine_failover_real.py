@@ -30,6 +30,7 @@ from anyio_genout import (
     EngineCoreClientConfig,
     EngineDeadError,
     GenerateRequest,
+    HandshakeTransport,
     SamplingParams,
 )
 from anyio_genout.vllm import VllmEngines, spawn_vllm_engines
@@ -67,7 +68,7 @@ async def two_launches(real: RealVllm, *extra: str, own_cores: bool = False, **k
         pytest.skip(f"two engines need ~{NEEDED_MEMORY >> 30} GiB free, "
                     f"{available / 2**30:.1f} GiB available")
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2,
                                     ready_timeout=240.0, vocab_size=real.vocab_size,
                                     **knobs)
     async with AsyncExitStack() as stack:

@@ -32,7 +32,7 @@ import anyio
 import attrs
 import pytest
 
-from anyio_genout import EngineCoreClient
+from anyio_genout import EngineCoreClient, RoutingConfig
 from anyio_genout.protocol import EngineCoreRequest, SamplingParams
 
 from .conftest import INTEROP_TIMEOUT, RealVllm, unique_id
@@ -126,7 +126,7 @@ async def test_prefix_routing_hits_at_least_as_often_as_load_routing(
     for routing in ("load", "prefix"):  # fresh engines (cold caches) for each router
         started = time.perf_counter()
         async with two_launches(real_vllm, *ENGINE_ARGS, own_cores=True,
-                                routing=routing) as (_, _, engine, _):
+                                routing=RoutingConfig(routing)) as (_, _, engine, _):
             ready = engine.ready_responses
             assert {r.num_gpu_blocks for r in ready.values()} == {CACHE_BLOCKS}
             (block_size,) = {r.block_size for r in ready.values()}

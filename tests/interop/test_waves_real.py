@@ -28,7 +28,13 @@ import anyio
 import psutil
 import pytest
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, SamplingParams
+from anyio_genout import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    HealthConfig,
+    SamplingParams,
+)
 from anyio_genout.protocol import EngineCoreRequest
 from anyio_genout.vllm import spawn_vllm_engines
 
@@ -61,8 +67,9 @@ async def wave_group(real_vllm: RealVllm, tmp_path_factory: pytest.TempPathFacto
                     f"{available / 2**30:.1f} GiB available")
     model = moe_loop_model(real_vllm.model, tmp_path_factory.mktemp("moe-loop"))
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
-                                    data_parallel_waves=True, engine_failure="client",
+    config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2,
+                                    data_parallel_waves=True,
+                                    health=HealthConfig(engine_failure="client"),
                                     ready_timeout=240.0)
     async with spawn_vllm_engines(model, handshake_address=address, engine_count=2,
                                   command=real_vllm.command) as engines, \

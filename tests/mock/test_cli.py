@@ -21,6 +21,7 @@ from anyio_genout import (
     ClientConfig,
     EngineCoreClientConfig,
     GenerateRequest,
+    HandshakeTransport,
     SamplingParams,
     TransportError,
     collect_output,
@@ -125,7 +126,7 @@ CLIENT_BACKENDS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 
 async def generate_once(address: str, request_id: str, n: int) -> list[int]:
     """Connect a Client (failing within 5 s if no engine says READY), generate, leave."""
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+    config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                         ready_timeout=5))
     async with Client.connect(config) as client:
         request = GenerateRequest(request_id=request_id, prompt_token_ids=[1, 2, 3],
@@ -168,7 +169,7 @@ async def test_a_client_that_starts_while_another_is_served_is_refused_then_serv
     second one started meanwhile fails at once naming the address; once the first left,
     the engine dials in again and serves the next client."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
+    config = ClientConfig(engine=EngineCoreClientConfig(transport=HandshakeTransport(address),
                                                         ready_timeout=5))
     async with cli_process("mock-engine", "--handshake-address", address) as (process, output):
         with anyio.fail_after(20):
@@ -194,8 +195,8 @@ async def test_a_client_that_gives_up_during_start_up_does_not_block_the_next() 
                            "--ready-delay", "0.8") as (process, output):
         with anyio.fail_after(20):
             await wait_until(lambda: said(output, "waiting for a client") == 1, seconds=10)
-            config = ClientConfig(engine=EngineCoreClientConfig(handshake_address=address,
-                                                                ready_timeout=0.4))
+            config = ClientConfig(engine=EngineCoreClientConfig(
+                transport=HandshakeTransport(address), ready_timeout=0.4))
             with pytest.raises(HandshakeTimeoutError, match="input registration"):
                 async with Client.connect(config):
                     pass

@@ -9,7 +9,7 @@ import anyio
 import pytest
 import zmq
 
-from anyio_genout import Client, ClientConfig, EngineCoreClientConfig
+from anyio_genout import Client, ClientConfig, EngineCoreClientConfig, HandshakeTransport
 from anyio_genout.errors import HandshakeTimeoutError
 from anyio_genout.mock import MockEngine, MockEngineConfig, MockFaults, free_tcp_address
 from anyio_genout.protocol import RequestBatch, decode_ready_response
@@ -139,7 +139,7 @@ async def test_started_in_handshake_mode_waits_for_a_client_connecting_meanwhile
 
     async def client() -> None:
         async with Client.connect(ClientConfig(engine=EngineCoreClientConfig(
-                handshake_address=address))):
+                transport=HandshakeTransport(address)))):
             connected.set()
             await anyio.sleep_forever()
 

@@ -12,7 +12,12 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from anyio_genout import EngineCoreClient, EngineCoreClientConfig, SamplingParams
+from anyio_genout import (
+    EngineCoreClient,
+    EngineCoreClientConfig,
+    HandshakeTransport,
+    SamplingParams,
+)
 from anyio_genout.mock import MockEngine, MockEngineConfig, greedy_tokens
 from anyio_genout.mock.waves import WaveGroup, WaveMember
 from anyio_genout.protocol import DpControl, EngineCoreRequest, RequestBatch, decode_outputs
@@ -113,7 +118,7 @@ async def test_the_cli_runs_a_wave_group_that_a_client_following_waves_can_drive
     async with cli_process("mock-engine", "--handshake-address", address,
                            "--dp-wave-group", "2", "--step-time", "0.001",
                            "--once") as (process, output):
-        config = EngineCoreClientConfig(handshake_address=address, engine_count=2,
+        config = EngineCoreClientConfig(transport=HandshakeTransport(address), engine_count=2,
                                         data_parallel_waves=True)
         with anyio.fail_after(20):
             async with EngineCoreClient.connect(config) as client:

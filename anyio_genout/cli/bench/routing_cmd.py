@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser = subparsers.add_parser(
         "routing", formatter_class=HelpFormatter,
         help="prefix-aware vs load-only routing over mock engines with a prefix cache",
-        description="Compare EngineCoreClientConfig(routing='prefix') with routing='load' "
+        description="Compare RoutingConfig('prefix') with RoutingConfig('load') "
                     "on mock engines that cache prompt prefixes and pay for prefill: a "
                     "workload of shared system prompts and one without sharing, both "
                     "routers in one run (fresh engines per cell): cached-token fraction, "
