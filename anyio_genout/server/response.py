@@ -13,6 +13,8 @@ client never hangs.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -22,7 +24,12 @@ from .errors import ApiError, error_body
 from .formats import dumps
 from .serving import Generation, Plan, serve_stream, serve_whole
 
-__all__ = ["TextResponse"]
+__all__ = ["BODY_SEND", "TextResponse"]
+
+#: The scope key of the HTTP server's own ``send``, put there by the app's outermost layer
+#: (:class:`.app._App`) for the body messages of a response once it has started; without
+#: it (another app around this response) the body goes through ``send`` as usual.
+BODY_SEND = "anyio_genout.body_send"
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]
@@ -45,10 +52,17 @@ class TextResponse(Response):
             if not self._disconnected:  # nothing more is written to a dead connection
                 await send(message)
 
+        body_send: Send = scope.get(BODY_SEND, send)
+
+        async def send_chunk(chunk: bytes) -> None:  # one per SSE event: the short way
+            if not self._disconnected:
+                await body_send({"type": "http.response.body", "body": chunk,
+                                 "more_body": True})
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
             try:
-                await self._run(send_while_connected)
+                await self._run(send_while_connected, send_chunk)
             finally:
                 tg.cancel_scope.cancel()
 
@@ -78,7 +92,8 @@ class TextResponse(Response):
     async def _body(send: Send, body: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": body, "more_body": more})
 
-    async def _run(self, send: Send) -> None:
+    async def _run(self, send: Send, send_chunk: Callable[[bytes], Awaitable[None]]
+                   ) -> None:
         generation = self._generation
         try:
             if not generation.plan.stream:
@@ -89,10 +104,6 @@ class TextResponse(Response):
                 await self._body(send, dumps(body), more=False)
                 return
             async with generation:
-
-                async def send_chunk(chunk: bytes) -> None:
-                    await self._body(send, chunk, more=True)
-
                 await self._start(send, 200, _SSE_HEADERS)
                 last = await serve_stream(generation, send_chunk)  # closed before [DONE]
             await self._body(send, last, more=False)
