@@ -94,10 +94,13 @@ def test_serve_args_carry_the_headless_dp_flags() -> None:
     text = " ".join(args)
     for flag in ("--headless", "--data-parallel-address 10.1.2.3",
                  "--data-parallel-rpc-port 5555", "--data-parallel-size 2",
-                 "--data-parallel-size-local 2", "--skip-tokenizer-init",
+                 "--data-parallel-size-local 2",
                  "--max-model-len 512", "--kv-cache-memory-bytes 67108864", "--enforce-eager"):
         assert flag in text
     assert "--data-parallel-start-rank" not in text
+    # "/m" is no local folder (a hub id, as vllm serve takes it): it has a tokenizer, so the
+    # engines keep theirs (structured outputs need it; tests/vllm/test_serve_args.py)
+    assert "--skip-tokenizer-init" not in text
 
 
 def test_extra_args_replace_the_same_default_flag() -> None:
