@@ -214,9 +214,11 @@ def _wait_ready(base_url: str, children: Sequence[Child], deadline: float) -> No
 @contextlib.contextmanager
 def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
             vllm_command: Sequence[str], vllm_rs: Path,
-            ready_timeout: float = 240.0) -> Iterator[Running]:
+            ready_timeout: float = 240.0, our_pythonpath: str | None = None
+            ) -> Iterator[Running]:
     """Start ``spec``'s server and its mock engine; yield once ``/health`` answers; stop
     both (their whole process groups) on the way out, however it is taken.
+    ``our_pythonpath``: ours runs from that source tree (its ``PYTHONPATH``).
 
     Raises :class:`RuntimeError` if either exits during start-up and :class:`TimeoutError`
     if the server is not healthy within ``ready_timeout`` seconds.
@@ -261,7 +263,8 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
                     cmd += ["--workers", str(spec.workers)]
                 if spec.http_server is not None:
                     cmd += ["--http-server", spec.http_server]
-                env = None
+                env = (None if our_pythonpath is None
+                       else {**os.environ, "PYTHONPATH": our_pythonpath})
             else:
                 cmd = [*vllm_command, "serve", model, "--data-parallel-size-local", "0",
                        "--data-parallel-address", _HOST,

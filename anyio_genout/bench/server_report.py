@@ -55,12 +55,22 @@ def _ok(cell: Mapping[str, Any]) -> bool:
     return "error" not in cell and bool(cell.get("tokens_per_s"))
 
 
-def _find(cells: Sequence[Mapping[str, Any]], kind: str, concurrency: int
-          ) -> Mapping[str, Any] | None:
+def _endpoint(cell: Mapping[str, Any]) -> str:
+    return str(cell.get("endpoint", "completions"))
+
+
+def _find(cells: Sequence[Mapping[str, Any]], kind: str, concurrency: int,
+          endpoint: str = "completions") -> Mapping[str, Any] | None:
     for cell in cells:
-        if cell.get("kind") == kind and cell.get("concurrency") == concurrency and _ok(cell):
+        if (cell.get("kind") == kind and cell.get("concurrency") == concurrency
+                and _endpoint(cell) == endpoint and _ok(cell)):
             return cell
     return None
+
+
+def _name(cell: Mapping[str, Any]) -> str:
+    """A cell's server, and ``chat`` when it streamed chat completions."""
+    return f"{cell['server']} chat" if _endpoint(cell) == "chat" else str(cell["server"])
 
 
 def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result], list[Result]]:
@@ -80,7 +90,8 @@ def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result
         if cell.get("kind") != "ours":
             continue
         c = cell["concurrency"]
-        vllm, rust = _find(cells, "vllm", c), _find(cells, "vllm-rs", c)
+        vllm = _find(cells, "vllm", c, _endpoint(cell))
+        rust = _find(cells, "vllm-rs", c, _endpoint(cell))
         ok = _ok(cell)
 
         def over(ref: Mapping[str, Any] | None, key: str, *, cell: Mapping[str, Any] = cell,
@@ -89,14 +100,14 @@ def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result
                 return None
             return float(cell[key]) / float(ref[key])
 
-        row = {"server": cell["server"], "concurrency": c,
+        row = {"server": _name(cell), "concurrency": c,
                "tokens_per_s_vs_vllm": over(vllm, "tokens_per_s"),
                "tokens_per_s_vs_vllm_rs": over(rust, "tokens_per_s"),
                "ttft_p50_vs_vllm": over(vllm, "ttft_p50_ms"),
                "ttft_p50_vs_vllm_rs": over(rust, "ttft_p50_ms"),
                "cpu_per_token_vs_vllm_rs": over(rust, "server_cpu_s_per_1k")}
         ratios.append(row)
-        if cell.get("workers") != 1 or c not in TARGET_LEVELS:
+        if cell.get("workers") != 1 or c not in TARGET_LEVELS or _endpoint(cell) != "completions":
             continue
         cpu_bound = 2.5 if cell.get("backend") == "trio" else 2.0
         for name, value, needed, at_least in (
@@ -105,7 +116,7 @@ def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result
                 ("tokens/s >= 2x vllm serve", row["tokens_per_s_vs_vllm"], 2.0, True),
                 ("TTFT p50 <= 0.5x vllm serve's", row["ttft_p50_vs_vllm"], 0.5, False)):
             met = None if value is None else (value >= needed if at_least else value <= needed)
-            targets.append({"server": cell["server"], "concurrency": c, "target": name,
+            targets.append({"server": _name(cell), "concurrency": c, "target": name,
                             "ratio": value, "needed": needed, "met": met})
     return ratios, targets
 
@@ -125,7 +136,7 @@ def format_server_table(cells: Sequence[Mapping[str, Any]], ratios: Sequence[Map
              "server CPU s/1k tok | engine CPU s/1k tok |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
-        head = f"| {cell['server']} | {cell['concurrency']} | {cell.get('num_prompts', '-')} |"
+        head = f"| {_name(cell)} | {cell['concurrency']} | {cell.get('num_prompts', '-')} |"
         if not _ok(cell):
             lines.append(f"{head} ERROR: {cell.get('error', 'no figures')} | | | | |")
             continue

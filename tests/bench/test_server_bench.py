@@ -223,3 +223,29 @@ def test_py_spy_stacks_are_summarised_by_server_area() -> None:
     total = {name: n for name, n, _pct in summary["top_total"]}
     assert total["chunk (/x/anyio_genout/server/formats.py)"] == 70
     assert total["run (asyncio/runners.py)"] == 100
+
+
+def test_chat_cells_are_compared_with_chat_cells_and_judge_no_target() -> None:
+    chat = {"endpoint": "chat"}
+    cells = [
+        {**cell("anyio-genout asyncio 1w", "ours", 64, 40_000, 100.0, backend="asyncio"),
+         **chat},
+        cell("anyio-genout asyncio 1w", "ours", 64, 48_000, 100.0, backend="asyncio"),
+        {**cell("vllm serve", "vllm", 64, 10_000, 400.0), **chat},
+        cell("vllm serve", "vllm", 64, 16_000, 480.0),
+    ]
+    ratios, targets = build_server_report(cells)
+    by = {(r["server"], r["concurrency"]): r for r in ratios}
+    assert by["anyio-genout asyncio 1w chat", 64]["tokens_per_s_vs_vllm"] == pytest.approx(4.0)
+    assert by["anyio-genout asyncio 1w", 64]["tokens_per_s_vs_vllm"] == pytest.approx(3.0)
+    assert {t["server"] for t in targets} == {"anyio-genout asyncio 1w"}
+    table = format_server_table(cells, ratios, targets)
+    assert "| anyio-genout asyncio 1w chat | 64 | 512 | 40,000 |" in table
+
+
+def test_endpoints_and_another_tree_are_options() -> None:
+    args = build_parser().parse_args(["server", "--endpoints", "completions,chat",
+                                      "--pythonpath", "/tmp/before", "--model", "/m"])
+    assert args.endpoints == ["completions", "chat"] and args.pythonpath == "/tmp/before"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["server", "--endpoints", "embeddings", "--model", "/m"])

@@ -21,6 +21,7 @@ command in the interop environment, where ``vllm serve`` is installed.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -89,6 +90,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                         help=f"our server's HTTP servers, each measured "
                              f"({', '.join(HTTP_SERVERS)}; uvicorn is skipped on trio; "
                              f"default: the server's own default for each backend)")
+    parser.add_argument("--endpoints", type=csv_list(str, tuple(ENDPOINTS)), default=None,
+                        metavar="LIST",
+                        help="what the load streams: completions, chat (chat completions; "
+                             "the model folder needs a chat template) (default: "
+                             "completions)")
+    parser.add_argument("--pythonpath", default=None, metavar="DIR",
+                        help="run our server from this source tree (PYTHONPATH), e.g. a "
+                             "`git worktree` of another commit, for a before/after in one "
+                             "sitting; the mock engine and this harness stay this tree's "
+                             "(default: this tree)")
     parser.add_argument("--model", default=os.environ.get("ANYIO_GENOUT_VLLM_MODEL"),
                         metavar="DIR",
                         help="model folder every server and the load generator read "
@@ -165,8 +176,14 @@ def _vllm_command(args: argparse.Namespace) -> list[str]:
     return ["vllm"]
 
 
+#: ``--endpoints``: the load generator's ``--backend`` and ``--endpoint`` for each.
+ENDPOINTS: Final = {"completions": ("openai", "/v1/completions"),
+                    "chat": ("openai-chat", "/v1/chat/completions")}
+
+
 def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: int,
-          folder: Path, name: str, timeout: float) -> tuple[Result, float]:
+          folder: Path, name: str, timeout: float, endpoint: str = "completions"
+          ) -> tuple[Result, float]:
     """One ``vllm-rs bench serve`` run: (its result figures, its own CPU seconds).
 
     Raises :class:`RuntimeError` (with its output's tail) if it fails or its result does not
@@ -174,8 +191,9 @@ def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: in
     """
     from ...bench.server_report import parse_bench_result
 
-    cmd = [str(binary), "bench", "serve", "--backend", "openai", "--base-url", base_url,
-           "--endpoint", "/v1/completions", "--model", model, "--dataset-name", "random",
+    backend, path = ENDPOINTS[endpoint]
+    cmd = [str(binary), "bench", "serve", "--backend", backend, "--base-url", base_url,
+           "--endpoint", path, "--model", model, "--dataset-name", "random",
            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
            "--ignore-eos", "--no-steady-state", "--disable-tqdm", "--seed", "0",
@@ -198,19 +216,24 @@ def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: in
         raise RuntimeError(f"vllm-rs bench serve: {exc}") from exc
 
 
+def _stem(server: Any, concurrency: int, endpoint: str) -> str:
+    chat = "-chat" if endpoint == "chat" else ""
+    return f"{server.spec.label.replace(' ', '-').replace('/', '-')}{chat}-c{concurrency}"
+
+
 def _cell(server: Any, binary: Path, model: str, concurrency: int, seconds: float,
-          folder: Path, floor_timeout: float) -> Result:
+          folder: Path, floor_timeout: float, endpoint: str = "completions") -> Result:
     """Probe, size, measure one cell on a running server (see the module docstring)."""
-    stem = f"{server.spec.label.replace(' ', '-')}-c{concurrency}"
+    stem = _stem(server, concurrency, endpoint)
     probe_n = max(2 * concurrency, 16)
     probe, _ = _load(binary, server.base_url, model, concurrency, probe_n, folder,
-                     f"{stem}-probe", max(floor_timeout, 120.0))
+                     f"{stem}-probe", max(floor_timeout, 120.0), endpoint)
     prompts = size_cell(probe["tokens_per_s"], concurrency, seconds)
     server.server.check_alive()
     server.engine.check_alive()
     cpu0, engine0 = server.server.cpu_seconds(), server.engine.cpu_seconds()
     figures, loadgen_cpu = _load(binary, server.base_url, model, concurrency, prompts, folder,
-                                 stem, max(floor_timeout, 10 * seconds + 60))
+                                 stem, max(floor_timeout, 10 * seconds + 60), endpoint)
     cpu = server.server.cpu_seconds() - cpu0
     engine = server.engine.cpu_seconds() - engine0
     server.server.check_alive()
@@ -238,14 +261,15 @@ def _commit() -> str | None:
 
 
 def _profile(server: Any, binary: Path, model: str, concurrency: int, seconds: float,
-             folder: Path, py_spy: str, profile_dir: Path, tokens_per_s: float) -> Result:
+             folder: Path, py_spy: str, profile_dir: Path, tokens_per_s: float,
+             endpoint: str = "completions") -> Result:
     """Sample the server with py-spy (``--nonblocking``, every process of its tree) during
     one more load run of about ``seconds``; the stacks and their summary go to
     ``profile_dir``. Returns the summary
     (:func:`~anyio_genout.bench.server_report.summarise_server_stacks`)."""
     from ...bench.server_report import summarise_server_stacks
 
-    stem = f"{server.spec.label.replace(' ', '-')}-c{concurrency}"
+    stem = _stem(server, concurrency, endpoint)
     stacks = profile_dir / f"{stem}.stacks.txt"
     profile_dir.mkdir(parents=True, exist_ok=True)
     spy = subprocess.Popen(
@@ -257,7 +281,7 @@ def _profile(server: Any, binary: Path, model: str, concurrency: int, seconds: f
         time.sleep(0.5)  # py-spy attaches
         prompts = size_cell(tokens_per_s, concurrency, seconds + 2)
         _load(binary, server.base_url, model, concurrency, prompts, folder, f"{stem}-profiled",
-              10 * seconds + 60)
+              10 * seconds + 60, endpoint)
         _, err = spy.communicate(timeout=seconds + 30)
     finally:
         if spy.poll() is None:
@@ -311,6 +335,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     backends = args.backends or (["asyncio"] if args.quick else
                                  [b for b in OUR_BACKENDS if b == "asyncio" or importable(b)])
     levels = list(args.concurrency or (QUICK_LEVELS if args.quick else DEFAULT_LEVELS))
+    endpoints = list(args.endpoints or ["completions"])
     seconds = args.cell_seconds or (QUICK_CELL_SECONDS if args.quick else CELL_SECONDS)
     output = Path(args.output or Path(DEFAULT_DIR) / "server.json")
     binary = Path(args.vllm_rs) if args.vllm_rs else ensure_vllm_rs(
@@ -329,7 +354,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": environment(),
         "commit": _commit(), "model": model, "vllm_rs": str(binary),
         "vllm_command": vllm_command,
-        "load": f"vllm-rs bench serve --backend openai --endpoint /v1/completions "
+        "endpoints": endpoints, "our_pythonpath": args.pythonpath,
+        "load": f"vllm-rs bench serve --backend openai --endpoint /v1/completions (chat: "
+                f"--backend openai-chat --endpoint /v1/chat/completions) "
                 f"--dataset-name random --random-input-len {INPUT_LEN} --random-output-len "
                 f"{OUTPUT_LEN} --ignore-eos --no-steady-state (streaming)",
         "engine": "python -m anyio_genout mock-engine --step-time 0 --max-num-seqs 256 "
@@ -350,37 +377,44 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 try:
                     with running(spec, model=model, logs=logs, python=sys.executable,
                                  vllm_command=vllm_command, vllm_rs=binary,
-                                 ready_timeout=args.timeout) as server:
+                                 ready_timeout=args.timeout,
+                                 our_pythonpath=args.pythonpath) as server:
                         print(f"{spec.label}: ready in {server.startup_s:.1f} s at "
                               f"{server.base_url}", file=sys.stderr)
-                        for c in levels:
+                        for endpoint, c in itertools.product(endpoints, levels):
                             t0 = time.monotonic()
+                            where = f"C={c}" + (" chat" if endpoint == "chat" else "")
                             try:
-                                cell = {**base, "concurrency": c,
+                                cell = {**base, "endpoint": endpoint, "concurrency": c,
                                         **_cell(server, binary, model, c, seconds, logs,
-                                                args.timeout)}
+                                                args.timeout, endpoint)}
                                 if args.profile_dir and spec.kind == "ours" and c >= 64:
                                     cell["profile"] = _profile(
                                         server, binary, model, c, seconds, logs, args.py_spy,
-                                        Path(args.profile_dir), cell["tokens_per_s"])
-                                print(f"  C={c}: {cell['tokens_per_s']:,.0f} tok/s, TTFT p50 "
-                                      f"{cell['ttft_p50_ms']:.1f} ms, server "
+                                        Path(args.profile_dir), cell["tokens_per_s"],
+                                        endpoint)
+                                print(f"  {where}: {cell['tokens_per_s']:,.0f} tok/s, TTFT "
+                                      f"p50 {cell['ttft_p50_ms']:.1f} ms, server "
                                       f"{cell['server_cpu_s_per_1k']:.3f} CPU s/1k tok "
                                       f"(N={cell['num_prompts']}, "
                                       f"{time.monotonic() - t0:.1f} s)", file=sys.stderr)
                             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                                 failed = True
-                                cell = {**base, "concurrency": c, "error": str(exc)[-1500:]}
-                                print(f"  C={c}: ERROR {exc}", file=sys.stderr)
+                                cell = {**base, "endpoint": endpoint, "concurrency": c,
+                                        "error": str(exc)[-1500:]}
+                                print(f"  {where}: ERROR {exc}", file=sys.stderr)
                             cells.append(cell)
                             info["seconds"] = round(time.monotonic() - started, 1)
                             _write(output, info, cells)
                 except (RuntimeError, TimeoutError, OSError) as exc:
                     failed = True
                     print(f"{spec.label}: ERROR {exc}", file=sys.stderr)
-                    done = {c["concurrency"] for c in cells if c["server"] == spec.label}
-                    cells.extend({**base, "concurrency": c, "error": str(exc)[-1500:]}
-                                 for c in levels if c not in done)
+                    done = {(c.get("endpoint", "completions"), c["concurrency"])
+                            for c in cells if c["server"] == spec.label}
+                    cells.extend({**base, "endpoint": e, "concurrency": c,
+                                  "error": str(exc)[-1500:]}
+                                 for e, c in itertools.product(endpoints, levels)
+                                 if (e, c) not in done)
     finally:
         signal.signal(signal.SIGTERM, previous)
     info["seconds"] = round(time.monotonic() - started, 1)
