@@ -41,6 +41,13 @@ tokenizer) does not go through ``DecodeStream``: each step appends the id's byte
 stream emits for such a decoder (the same text step by step; tested against the stream
 with hypothesis), at a fraction of a step's cost. The prompt's corners
 above are handled the same way in both.
+
+Byte fallback (a decoder that is exactly ``Replace("▁", " ")``, ``ByteFallback``, ``Fuse``
+and optionally ``Strip(left 1)``: Llama 2, Mistral, Gemma) steps on a
+:class:`~.fallback_table.FallbackStream` in place of ``DecodeStream``: each id's piece from a
+table, the open run of byte pieces decoded once it is valid UTF-8, the first space stripped;
+its steps give what the ``DecodeStream`` path gives, the restart above included (tested with
+hypothesis), without decoding the window again at every token.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from .byte_table import ByteTable, byte_table
+from .fallback_table import FallbackStream, fallback_table
 
 __all__ = ["INVALID_PREFIX", "IncrementalDetokenizer", "clean_prompt_split",
            "separator_token_id"]
@@ -164,8 +172,11 @@ class IncrementalDetokenizer:
         self._texts: list[str | None] = table.texts if table is not None else []
         self._held = b""
         self._plain = False  # byte-level without corners: step() reads the table itself
-        self._stream: DecodeStream | None = None if table is not None else \
-            DecodeStream(ids=seed, skip_special_tokens=skip_special_tokens)
+        self._stream: DecodeStream | FallbackStream | None = None
+        if table is None:
+            fallback = fallback_table(tokenizer, skip_special_tokens)
+            self._stream = FallbackStream(fallback, seed) if fallback is not None else \
+                DecodeStream(ids=seed, skip_special_tokens=skip_special_tokens)
         # The stream's prefix is the text of [_last] if _last >= 0, else of _context.
         self._context: list[int] = seed
         self._last = -1

@@ -58,5 +58,6 @@ def byte_level(kind: str) -> Tokenizer:
 @contextlib.contextmanager
 def stream_path() -> Iterator[None]:
     """Detokenizers made inside take the ``DecodeStream`` path, whatever the decoder."""
-    with mock.patch.object(detokenizer_module, "byte_table", lambda *args: None):
+    with mock.patch.object(detokenizer_module, "byte_table", lambda *args: None), \
+            mock.patch.object(detokenizer_module, "fallback_table", lambda *args: None):
         yield
