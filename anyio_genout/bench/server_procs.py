@@ -1,7 +1,7 @@
 """The server benchmark's processes: each HTTP server in front of a fresh mock engine.
 
 Three kinds of server, every one before its own ``python -m anyio_genout mock-engine`` (step time
-0, the tiny model's vocabulary and context length):
+0, the model folder's vocabulary, the tiny model's context length):
 
 - ``ours``: ``anyio-genout serve --model DIR --handshake-address tcp://...`` (``--backend``,
   ``--workers N``, ``--http-server``); the mock dials the handshake address.
@@ -40,7 +40,8 @@ import psutil
 
 from .measure import MAX_MODEL_LEN, VOCAB_SIZE, free_port, uvloop_available
 
-__all__ = ["KINDS", "Child", "Running", "ServerSpec", "has_workers_option", "running"]
+__all__ = ["KINDS", "Child", "Running", "ServerSpec", "has_workers_option", "model_vocab_size",
+           "running"]
 
 Kind = Literal["ours", "vllm", "vllm-rs"]
 KINDS: Final[tuple[Kind, ...]] = ("ours", "vllm", "vllm-rs")
@@ -143,6 +144,15 @@ class Running:
     startup_s: float
 
 
+def model_vocab_size(model: str | os.PathLike[str]) -> int:
+    """``config.json``'s ``vocab_size`` in the folder ``model``, else the tiny model's."""
+    try:
+        vocab = json.loads(Path(model, "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return VOCAB_SIZE
+    return vocab if isinstance(vocab, int) and vocab > 0 else VOCAB_SIZE
+
+
 def has_workers_option(python: str) -> bool:
     """Whether ``anyio-genout serve --help`` (run by ``python``) lists ``--workers``."""
     try:
@@ -156,10 +166,10 @@ def has_workers_option(python: str) -> bool:
 
 def _engine_command(python: str, *, handshake: str | None = None,
                     input_address: str | None = None, output_address: str | None = None,
-                    vllm_033: bool = False) -> list[str]:
+                    vllm_033: bool = False, vocab_size: int = VOCAB_SIZE) -> list[str]:
     cmd = [python, "-m", "anyio_genout", "mock-engine", "--step-time", "0",
            "--max-num-seqs", str(ENGINE_MAX_NUM_SEQS), "--no-log-stats", "--no-keep-history",
-           "--vocab-size", str(VOCAB_SIZE), "--max-model-len", str(MAX_MODEL_LEN)]
+           "--vocab-size", str(vocab_size), "--max-model-len", str(MAX_MODEL_LEN)]
     if handshake is not None:
         cmd += ["--handshake-address", handshake]
     if input_address is not None and output_address is not None:
@@ -218,13 +228,16 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
             ) -> Iterator[Running]:
     """Start ``spec``'s server and its mock engine; yield once ``/health`` answers; stop
     both (their whole process groups) on the way out, however it is taken.
-    ``our_pythonpath``: ours runs from that source tree (its ``PYTHONPATH``).
+    ``our_pythonpath``: ours runs from that source tree (its ``PYTHONPATH``). The engine
+    samples ids below ``model``'s ``config.json`` ``vocab_size`` (the tiny model's 1024 if
+    it has none).
 
     Raises :class:`RuntimeError` if either exits during start-up and :class:`TimeoutError`
     if the server is not healthy within ``ready_timeout`` seconds.
     """
     started = time.monotonic()
     stem = spec.label.replace(" ", "-")
+    vocab_size = model_vocab_size(model)
     children: list[Child] = []
     try:
         if spec.kind == "vllm-rs":
@@ -247,14 +260,14 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
                     sock.close()
             children.append(Child("mock engine", _engine_command(
                 python, input_address=input_address, output_address=output_address,
-                vllm_033=True), logs / f"{stem}.engine.log"))
+                vllm_033=True, vocab_size=vocab_size), logs / f"{stem}.engine.log"))
         else:
             port = free_port()
             handshake_port = free_port()
             handshake = f"tcp://{_HOST}:{handshake_port}"
             # The engine first: it dials until the server's handshake socket is bound.
-            children.append(Child("mock engine", _engine_command(python, handshake=handshake),
-                                  logs / f"{stem}.engine.log"))
+            children.append(Child("mock engine", _engine_command(
+                python, handshake=handshake, vocab_size=vocab_size), logs / f"{stem}.engine.log"))
             if spec.kind == "ours":
                 cmd = [python, "-m", "anyio_genout", "serve", "--model", model,
                        "--handshake-address", handshake, "--host", _HOST, "--port", str(port),

@@ -59,27 +59,39 @@ def _endpoint(cell: Mapping[str, Any]) -> str:
     return str(cell.get("endpoint", "completions"))
 
 
+def _tokenizer(cell: Mapping[str, Any]) -> str:
+    """The cell's tokenizer (``model``, the ``--model`` folder's, in results from before
+    ``--tokenizers``)."""
+    return str(cell.get("tokenizer", "model"))
+
+
 def _find(cells: Sequence[Mapping[str, Any]], kind: str, concurrency: int,
-          endpoint: str = "completions") -> Mapping[str, Any] | None:
+          endpoint: str = "completions", tokenizer: str = "model"
+          ) -> Mapping[str, Any] | None:
     for cell in cells:
         if (cell.get("kind") == kind and cell.get("concurrency") == concurrency
-                and _endpoint(cell) == endpoint and _ok(cell)):
+                and _endpoint(cell) == endpoint and _tokenizer(cell) == tokenizer
+                and _ok(cell)):
             return cell
     return None
 
 
 def _name(cell: Mapping[str, Any]) -> str:
-    """A cell's server, and ``chat`` when it streamed chat completions."""
-    return f"{cell['server']} chat" if _endpoint(cell) == "chat" else str(cell["server"])
+    """A cell's server, ``chat`` when it streamed chat completions, and its tokenizer in
+    brackets unless it is the ``--model`` folder's."""
+    name = f"{cell['server']} chat" if _endpoint(cell) == "chat" else str(cell["server"])
+    tokenizer = _tokenizer(cell)
+    return name if tokenizer == "model" else f"{name} [{tokenizer}]"
 
 
 def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result], list[Result]]:
     """(ratios, targets) of one run's cells.
 
     A cell has ``server`` (its label), ``kind`` (ours, vllm, vllm-rs), ``workers``,
-    ``concurrency`` and the figures of :func:`parse_bench_result`, or ``error``. ``ratios``:
-    one row per cell of ours, its tokens/s and TTFT p50 over ``vllm serve``'s and
-    ``vllm-rs``'s at the same concurrency (``None`` where that reference has no figure).
+    ``concurrency``, ``tokenizer`` (absent: ``model``) and the figures of
+    :func:`parse_bench_result`, or ``error``. ``ratios``: one row per cell of ours, its
+    tokens/s and TTFT p50 over ``vllm serve``'s and ``vllm-rs``'s at the same concurrency and
+    tokenizer (``None`` where that reference has no figure).
     ``targets`` (issue #26): for ours with one worker at 64 and 256 streams, server CPU
     per output token at most 2x vllm-rs's (2.5x on trio), tokens/s at least 2x vllm
     serve's, TTFT p50 at most half of its; ``met`` is ``None`` where a figure is missing.
@@ -90,8 +102,8 @@ def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result
         if cell.get("kind") != "ours":
             continue
         c = cell["concurrency"]
-        vllm = _find(cells, "vllm", c, _endpoint(cell))
-        rust = _find(cells, "vllm-rs", c, _endpoint(cell))
+        vllm = _find(cells, "vllm", c, _endpoint(cell), _tokenizer(cell))
+        rust = _find(cells, "vllm-rs", c, _endpoint(cell), _tokenizer(cell))
         ok = _ok(cell)
 
         def over(ref: Mapping[str, Any] | None, key: str, *, cell: Mapping[str, Any] = cell,
@@ -100,7 +112,7 @@ def build_server_report(cells: Sequence[Mapping[str, Any]]) -> tuple[list[Result
                 return None
             return float(cell[key]) / float(ref[key])
 
-        row = {"server": _name(cell), "concurrency": c,
+        row = {"server": _name(cell), "tokenizer": _tokenizer(cell), "concurrency": c,
                "tokens_per_s_vs_vllm": over(vllm, "tokens_per_s"),
                "tokens_per_s_vs_vllm_rs": over(rust, "tokens_per_s"),
                "ttft_p50_vs_vllm": over(vllm, "ttft_p50_ms"),

@@ -55,6 +55,7 @@ from .. import (
     SamplingParams,
 )
 from ..text import TextClient, TextRequest, Tokenizer, bundled_model_dir
+from ..text.detokenizer import INVALID_PREFIX
 from .measure import EngineProcess, Meter, free_port, freeze_gc
 from .spec import CellSpec, Result, summarise
 
@@ -93,10 +94,14 @@ class TextSpec:
     min_time: float = 0.5
     #: Which repeat of the run this cell belongs to (from 1).
     repeat: int = 1
+    #: The tokenizer's name (``--tokenizers``: ``model``, or one of
+    #: :data:`.tokenizers.BUILT`); ``model_dir`` holds it.
+    tokenizer: str = "model"
 
     @property
     def key(self) -> str:
-        return f"{self.impl}/{self.backend}/text/{self.concurrency}#{self.repeat}"
+        return (f"{self.impl}/{self.backend}/text/{self.tokenizer}/{self.concurrency}"
+                f"#{self.repeat}")
 
     def cell(self, variant: str) -> CellSpec:
         """The :class:`CellSpec` a variant's meter counts rounds with (engine shape too)."""
@@ -131,9 +136,18 @@ def text_prompts(corpus: Sequence[int], count: int, length: int) -> list[list[in
     return [[corpus[(i * 7919 + j) % n] for j in range(length)] for i in range(count)]
 
 
-def engine_args(corpus_file: str) -> list[str]:
-    """The mock engine's corpus-mode arguments."""
-    return ["--corpus-token-ids", corpus_file]
+def engine_args(corpus_file: str, model_dir: str | os.PathLike[str] | None = None
+                ) -> list[str]:
+    """The mock engine's corpus-mode arguments, and ``model_dir``'s ``config.json``
+    ``vocab_size`` if it has one (a built tokenizer's vocabulary is larger than the tiny
+    model's, which the engine takes by default)."""
+    args = ["--corpus-token-ids", corpus_file]
+    if model_dir is not None:
+        config = Path(model_dir, "config.json")
+        vocab = json.loads(config.read_text()).get("vocab_size") if config.exists() else None
+        if isinstance(vocab, int):
+            args += ["--vocab-size", str(vocab)]
+    return args
 
 
 def make_model_dir(dest: Path, model: str | os.PathLike[str] | None) -> Path:
@@ -183,7 +197,9 @@ def added_cost(text: float, tokens: float, step: float) -> float:
 def decode_floor(tokenizer: Any, prompts: Sequence[Sequence[int]],
                  sequences: Sequence[Sequence[int]]) -> float:
     """Seconds of this thread's CPU per token that ``DecodeStream.step`` alone takes over
-    ``sequences`` (each stream seeded with its prompt, special tokens skipped)."""
+    ``sequences`` (each stream seeded with its prompt, special tokens skipped; after the
+    library's "invalid prefix" error, which a byte-fallback prompt ending inside a character
+    can give, the stream restarts empty from the token, as vLLM's does)."""
     from tokenizers.decoders import DecodeStream
 
     clock = time.thread_time
@@ -194,7 +210,14 @@ def decode_floor(tokenizer: Any, prompts: Sequence[Sequence[int]],
         step = stream.step
         started = clock()
         for token_id in sequence:
-            step(tokenizer, token_id)
+            try:
+                step(tokenizer, token_id)
+            except Exception as exc:  # the library raises a plain Exception
+                if not str(exc).startswith(INVALID_PREFIX):
+                    raise
+                stream = DecodeStream(skip_special_tokens=True)
+                step = stream.step
+                step(tokenizer, token_id)
         spent += clock() - started
         tokens += len(sequence)
     return spent / tokens if tokens else float("nan")
@@ -240,8 +263,8 @@ async def _streams(client: Any, count: int, opener: StreamOpener, gate: bool
 def run_ours(spec: TextSpec) -> Result:
     """Start the engine, connect, warm up, freeze the GC heap, measure every variant."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    with EngineProcess(address, spec.cell("tokens"), extra=engine_args(spec.corpus_file)
-                       ) as engine:
+    with EngineProcess(address, spec.cell("tokens"),
+                       extra=engine_args(spec.corpus_file, spec.model_dir)) as engine:
         backend, options = spec.backend, {}
         if backend == "uvloop":
             backend, options = "asyncio", {"use_uvloop": True}

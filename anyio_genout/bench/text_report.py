@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from .spec import Result
+from .tokenizers import TOKENIZERS
 
 __all__ = ["ADDED_X_STEP_LIMIT", "TARGETS", "TPS_X_VLLM_LIMIT", "build_text_report",
            "format_text_table"]
@@ -47,24 +48,39 @@ def _figure(figures: Result, name: str) -> Any:
     return figures.get(f"{name}_median_round", figures.get(name))
 
 
+def _tokenizer(result: Result) -> str:
+    """The cell's tokenizer (``model`` in results from before ``--tokenizers``)."""
+    return str(result.get("tokenizer", "model"))
+
+
+def _order(tokenizer: str) -> tuple[int, str]:
+    """Tokenizers in ``--tokenizers``' default order, then any other by name."""
+    return (TOKENIZERS.index(tokenizer), "") if tokenizer in TOKENIZERS else (len(TOKENIZERS),
+                                                                              tokenizer)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
 def build_text_report(results: Sequence[Result]) -> tuple[list[Result], list[Result]]:
-    """The rows (one per implementation, backend, concurrency and variant, with its medians
-    and ratios) and the targets (``status`` PASS, MISS or N/A)."""
-    groups: dict[tuple[str, str, int], list[Result]] = {}
+    """The rows (one per tokenizer, implementation, backend, concurrency and variant, with its
+    medians and ratios; ours compared with vLLM on the same tokenizer) and the targets
+    (``status`` PASS, MISS or N/A)."""
+    groups: dict[tuple[str, str, str, int], list[Result]] = {}
     for r in results:
         if "error" not in r:
-            groups.setdefault((r["impl"], r["backend"], r["concurrency"]), []).append(r)
+            groups.setdefault((_tokenizer(r), r["impl"], r["backend"], r["concurrency"]),
+                              []).append(r)
     rows: list[Result] = []
-    for (impl, backend, concurrency), cells in sorted(groups.items()):
+    for (tokenizer, impl, backend, concurrency), cells in sorted(
+            groups.items(), key=lambda item: (_order(item[0][0]), item[0])):
         floor = _median(c.get("decode_step_us") for c in cells)
         for variant in cells[0]["variants"]:
             figures = [c["variants"][variant] for c in cells if variant in c["variants"]]
             row: Result = {
-                "impl": impl, "backend": backend, "concurrency": concurrency,
+                "tokenizer": tokenizer, "impl": impl, "backend": backend,
+                "concurrency": concurrency,
                 "tokens": cells[0]["tokens"], "variant": variant, "repeats": len(figures),
                 "tokens_per_s": _median(_figure(f, "tokens_per_s") for f in figures),
                 "cpu_us_per_token": _median(_figure(f, "cpu_us_per_token") for f in figures),
@@ -78,15 +94,17 @@ def build_text_report(results: Sequence[Result]) -> tuple[list[Result], list[Res
                 row["added_x_step"] = _median(
                     (c.get("added_x_step") or {}).get(variant) for c in cells)
             rows.append(row)
-    vllm: dict[tuple[int, str], Result] = {}
+    vllm: dict[tuple[str, int, str], Result] = {}
     for row in rows:
         if row["impl"] == "vllm":
-            best = vllm.get((row["concurrency"], row["variant"]))
+            where = (row["tokenizer"], row["concurrency"], row["variant"])
+            best = vllm.get(where)
             if best is None or (row["tokens_per_s"] or 0) > (best["tokens_per_s"] or 0):
-                vllm[(row["concurrency"], row["variant"])] = row
+                vllm[where] = row
     for row in rows:
-        base = vllm.get((row["concurrency"], row["variant"]))
+        base = vllm.get((row["tokenizer"], row["concurrency"], row["variant"]))
         tokens_row = next((r for r in rows if r["impl"] == row["impl"]
+                           and r["tokenizer"] == row["tokenizer"]
                            and r["backend"] == row["backend"]
                            and r["concurrency"] == row["concurrency"]
                            and r["variant"] == "tokens"), None)
@@ -107,7 +125,7 @@ def _targets(rows: Sequence[Result], have_vllm: bool) -> list[Result]:
     for row in ours:
         value = row.get("added_x_step")
         targets.append({
-            "target": TARGETS[0], "backend": row["backend"],
+            "target": TARGETS[0], "tokenizer": row["tokenizer"], "backend": row["backend"],
             "concurrency": row["concurrency"], "variant": row["variant"], "value": value,
             "limit": ADDED_X_STEP_LIMIT,
             "status": "N/A" if value is None else
@@ -117,7 +135,7 @@ def _targets(rows: Sequence[Result], have_vllm: bool) -> list[Result]:
             continue
         value = row.get("tps_x_vllm")
         targets.append({
-            "target": TARGETS[1], "backend": row["backend"],
+            "target": TARGETS[1], "tokenizer": row["tokenizer"], "backend": row["backend"],
             "concurrency": row["concurrency"], "variant": row["variant"], "value": value,
             "limit": TPS_X_VLLM_LIMIT,
             "status": "N/A" if value is None or not have_vllm else
@@ -134,37 +152,41 @@ def _num(value: Any, spec: str, suffix: str = "") -> str:
 def format_text_table(rows: Sequence[Result], targets: Sequence[Result]) -> str:
     """The Markdown table and one line per target."""
     lines = [
-        "| client | variant | CxT | tok/s | CPU us/tok | + us/tok over tokens | "
+        "| tokenizer | client | variant | CxT | tok/s | CPU us/tok | + us/tok over tokens | "
         "/ DecodeStream.step | tok/s / vLLM | CPU / vLLM | others | repeats |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         client = f"{'vLLM' if r['impl'] == 'vllm' else 'ours'}/{r['backend']}"
         lines.append(
-            f"| {client} | {r['variant']} | {r['concurrency']}x{r['tokens']} | "
+            f"| {r.get('tokenizer', 'model')} | {client} | {r['variant']} | "
+            f"{r['concurrency']}x{r['tokens']} | "
             f"{_num(r['tokens_per_s'], ',.0f')} | {_num(r['cpu_us_per_token'], '.2f')} | "
             f"{_num(r.get('added_us_per_token'), '.2f')} | "
             f"{_num(r.get('added_x_step'), '.2f', 'x')} | "
             f"{_num(r.get('tps_x_vllm'), '.2f', 'x')} | "
             f"{_num(r.get('cpu_x_vllm'), '.2f', 'x')} | "
             f"{_num(r.get('others_cores'), '.2f')} | {r['repeats']} |")
-    steps = sorted({(r["concurrency"], r["decode_step_us"]) for r in rows
+    steps = sorted({(_order(r.get("tokenizer", "model")), r.get("tokenizer", "model"),
+                     r["concurrency"], r["decode_step_us"]) for r in rows
                     if "decode_step_us" in r and r["impl"] == "ours"})
     if steps:
         lines.append("")
         lines.append("DecodeStream.step alone: " + ", ".join(
-            f"{step:.2f} us/token at {c} streams" for c, step in steps))
+            f"{step:.2f} us/token at {c} streams ({name})" for _, name, c, step in steps))
     lines.append("(others: cores other processes used meanwhile, median; medians over "
                  "repeats of each cell's median round)")
     lines.append("")
     lines.append("targets:")
     for t in targets:
-        lines.append(f"  {t['status']:4}  {t['target']}: {t['backend']} {t['variant']} at "
+        lines.append(f"  {t['status']:4}  {t['target']}: {t.get('tokenizer', 'model')} "
+                     f"{t['backend']} {t['variant']} at "
                      f"{t['concurrency']} streams = {_num(t['value'], '.2f', 'x')} "
                      f"(limit {t['limit']}x)")
     incomplete = [r for r in rows if not r["complete"]]
     if incomplete:
         lines.append("")
         lines.append("INCOMPLETE (a stream stopped early): " + ", ".join(
-            f"{r['impl']}/{r['variant']}/{r['concurrency']}" for r in incomplete))
+            f"{r['impl']}/{r.get('tokenizer', 'model')}/{r['variant']}/{r['concurrency']}"
+            for r in incomplete))
     return "\n".join(lines)

@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     address = f"tcp://127.0.0.1:{free_port()}"
     status = 0
     with EngineProcess(address, specs[0].cell("text"),
-                       extra=engine_args(specs[0].corpus_file)) as engine:
+                       extra=engine_args(specs[0].corpus_file, specs[0].model_dir)) as engine:
         try:
             results = run_on_loop(lambda: _run_all(specs, corpus, engine, address),
                                   args.loop)

@@ -249,3 +249,35 @@ def test_endpoints_and_another_tree_are_options() -> None:
     assert args.endpoints == ["completions", "chat"] and args.pythonpath == "/tmp/before"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["server", "--endpoints", "embeddings", "--model", "/m"])
+
+
+def test_each_tokenizer_is_compared_with_the_same_tokenizer() -> None:
+    sp = {"tokenizer": "sp-bytefallback-32k"}
+    cells = [
+        cell("anyio-genout asyncio 1w", "ours", 64, 40_000, 100.0, backend="asyncio"),
+        {**cell("anyio-genout asyncio 1w", "ours", 64, 30_000, 100.0, backend="asyncio"),
+         **sp},
+        cell("vllm serve", "vllm", 64, 10_000, 400.0),  # a result from before: "model"
+        {**cell("vllm serve", "vllm", 64, 5_000, 400.0), **sp},
+    ]
+    ratios, targets = build_server_report(cells)
+    by = {(r["server"], r["tokenizer"]): r for r in ratios}
+    assert by["anyio-genout asyncio 1w", "model"]["tokens_per_s_vs_vllm"] == pytest.approx(4.0)
+    assert by["anyio-genout asyncio 1w [sp-bytefallback-32k]", "sp-bytefallback-32k"][
+        "tokens_per_s_vs_vllm"] == pytest.approx(6.0)
+    assert {t["server"] for t in targets} == {"anyio-genout asyncio 1w",
+                                              "anyio-genout asyncio 1w [sp-bytefallback-32k]"}
+    table = format_server_table(cells, ratios, targets)
+    assert "| vllm serve [sp-bytefallback-32k] | 64 | 512 | 5,000 |" in table
+
+
+def test_tokenizers_are_an_option_naming_the_built_ones() -> None:
+    args = build_parser().parse_args(["server", "--model", "/m", "--tokenizers",
+                                      "model,sp-bytefallback-32k"])
+    assert args.tokenizers == ["model", "sp-bytefallback-32k"]
+    assert build_parser().parse_args(["server", "--model", "/m"]).tokenizers is None  # all
+    text = build_parser().parse_args(["text", "--tokenizers", "bpe-bytelevel-32k"])
+    assert text.tokenizers == ["bpe-bytelevel-32k"]
+    for command in ("server", "text"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--tokenizers", "wordpiece"])

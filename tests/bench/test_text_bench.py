@@ -26,13 +26,15 @@ def test_quick_text_run_measures_every_variant_on_real_text(tmp_path: Path) -> N
     output = tmp_path / "text.json"
     proc = subprocess.run(
         [sys.executable, "-m", "anyio_genout", "bench", "text", "--quick", "--no-vllm",
-         "--backends", "asyncio", "--concurrency", "1,4", "--output", str(output)],
+         "--backends", "asyncio", "--concurrency", "1,4", "--tokenizers", "model",
+         "--output", str(output)],
         capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "targets:" in proc.stdout
     document = json.loads(output.read_text())
     results = document["results"]
     assert [(r["impl"], r["concurrency"]) for r in results] == [("ours", 1), ("ours", 4)]
+    assert {r["tokenizer"] for r in results} == {"model"}
     for r in results:
         assert "error" not in r, r
         assert r["complete"] is True  # no stop string matched: every stream ran 32 tokens
@@ -49,6 +51,52 @@ def test_quick_text_run_measures_every_variant_on_real_text(tmp_path: Path) -> N
     statuses = {(t["target"][:20], t["status"]) for t in document["targets"]}
     assert {s for _, s in statuses} <= {"PASS", "MISS", "N/A"}
     assert all(t["status"] == "N/A" for t in document["targets"] if "AsyncLLM" in t["target"])
+
+
+@pytest.mark.timeout(120)
+def test_quick_text_run_reports_each_built_tokenizer_on_its_own_corpus(tmp_path: Path
+                                                                       ) -> None:
+    output = tmp_path / "text.json"
+    names = ["sp-bytefallback-32k", "bpe-bytelevel-32k"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "anyio_genout", "bench", "text", "--quick", "--no-vllm",
+         "--backends", "asyncio", "--concurrency", "4", "--tokenizers", ",".join(names),
+         "--output", str(output)],
+        capture_output=True, text=True, timeout=110, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    document = json.loads(output.read_text())
+    assert [r["tokenizer"] for r in document["results"]] == names
+    for r in document["results"]:
+        assert "error" not in r, r
+        assert r["complete"] is True
+        text = r["variants"]["text"]
+        assert 0.5 < text["chars"] / text["delivered_tokens"] < 12
+    # A 32k vocabulary encodes the corpus in fewer tokens than the bundled one.
+    corpus_tokens = document["meta"]["corpus_tokens"]
+    assert set(corpus_tokens) == set(names)
+    rows = document["rows"]
+    assert {(row["tokenizer"], row["variant"]) for row in rows} == {
+        (n, v) for n in names for v in ("tokens", "text-nodetok", "text", "text-stop2")}
+    table = proc.stdout
+    assert all(f"| {n} | ours/asyncio | text |" in table for n in names)
+
+
+def test_report_keeps_tokenizers_apart_and_reads_results_without_one() -> None:
+    old = _cell("ours", 64, 1, {"tokens": (1e5, 3.0), "text": (9e4, 4.0)},
+                decode_step_us=1.0, added_x_step={"text": 1.0})
+    built = {**_cell("ours", 64, 1, {"tokens": (1e5, 3.0), "text": (5e4, 6.0)},
+                     decode_step_us=2.0, added_x_step={"text": 1.5}),
+             "tokenizer": "sp-bytefallback-32k"}
+    vllm = {**_cell("vllm", 64, 1, {"tokens": (1e5, 3.0), "text": (2.5e4, 9.0)}),
+            "tokenizer": "sp-bytefallback-32k"}
+    rows, targets = build_text_report([built, old, vllm])
+    text = {(r["tokenizer"], r["impl"]): r for r in rows if r["variant"] == "text"}
+    assert text["model", "ours"]["cpu_us_per_token"] == 4.0  # not mixed with the other
+    assert text["model", "ours"]["added_us_per_token"] == pytest.approx(1.0)
+    assert "tps_x_vllm" not in text["model", "ours"]  # no vLLM cell on that tokenizer
+    assert text["sp-bytefallback-32k", "ours"]["tps_x_vllm"] == pytest.approx(2.0)
+    assert rows[0]["tokenizer"] == "model"  # the default order
+    assert {t["tokenizer"] for t in targets} == {"model", "sp-bytefallback-32k"}
 
 
 def _cell(impl: str, concurrency: int, repeat: int, figures: dict[str, tuple[float, float]],

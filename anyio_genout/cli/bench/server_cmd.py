@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from ...bench.tokenizers import TOKENIZERS
 from ..backends import importable
 from ..helpformat import HelpFormatter
 from ..http_server import HTTP_SERVERS
@@ -104,6 +105,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                         metavar="DIR",
                         help="model folder every server and the load generator read "
                              "(default: $ANYIO_GENOUT_VLLM_MODEL)")
+    parser.add_argument("--tokenizers", type=csv_list(str, TOKENIZERS), default=None,
+                        metavar="LIST",
+                        help="model folders measured in turn, each server before a fresh "
+                             "engine for each: model (--model's), bpe-bytelevel-32k (a Llama "
+                             "3 / Qwen style byte-level BPE), sp-bytefallback-32k (a Llama 2 "
+                             "/ Mistral style byte-fallback BPE); the last two are built "
+                             "locally and cached (default: all three)")
     parser.add_argument("--vllm-command", default=None, metavar="CMD",
                         help="the command that runs vLLM's CLI (default: vllm-cpu-cli beside "
                              "this interpreter, else $ANYIO_GENOUT_VLLM_CMD, else vllm)")
@@ -328,9 +336,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ...bench.measure import environment
     from ...bench.server_procs import has_workers_option, running
     from ...bench.server_report import format_server_table
+    from ...bench.tokenizers import build_model_dir
     from ...bench.vllm_rs import ensure_vllm_rs
 
     model = str(Path(args.model).resolve())
+    names = list(dict.fromkeys(args.tokenizers or TOKENIZERS))
+    folders = {name: model if name == "model" else str(build_model_dir(name))
+               for name in names}
     kinds = args.servers or list(SERVER_KINDS)
     backends = args.backends or (["asyncio"] if args.quick else
                                  [b for b in OUR_BACKENDS if b == "asyncio" or importable(b)])
@@ -352,7 +364,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     info: Result = {
         "mode": "quick" if args.quick else "full", "argv": list(argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": environment(),
-        "commit": _commit(), "model": model, "vllm_rs": str(binary),
+        "commit": _commit(), "model": model, "tokenizers": folders, "vllm_rs": str(binary),
         "vllm_command": vllm_command,
         "endpoints": endpoints, "our_pythonpath": args.pythonpath,
         "load": f"vllm-rs bench serve --backend openai --endpoint /v1/completions (chat: "
@@ -369,29 +381,33 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     started = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="anyio-genout-bench-server-") as tmp:
-            for spec in specs:
-                logs = Path(tmp) / spec.label.replace(" ", "-")
+            for (tokenizer, folder), spec in itertools.product(folders.items(), specs):
+                logs = Path(tmp) / f"{spec.label.replace(' ', '-')}-{tokenizer}"
                 logs.mkdir()
                 base = {"server": spec.label, "kind": spec.kind, "backend": spec.backend,
-                        "workers": spec.workers, "http_server": spec.http_server}
+                        "workers": spec.workers, "http_server": spec.http_server,
+                        "tokenizer": tokenizer}
+                label = spec.label if tokenizer == "model" else f"{spec.label} [{tokenizer}]"
                 try:
-                    with running(spec, model=model, logs=logs, python=sys.executable,
+                    with running(spec, model=folder, logs=logs, python=sys.executable,
                                  vllm_command=vllm_command, vllm_rs=binary,
                                  ready_timeout=args.timeout,
                                  our_pythonpath=args.pythonpath) as server:
-                        print(f"{spec.label}: ready in {server.startup_s:.1f} s at "
+                        print(f"{label}: ready in {server.startup_s:.1f} s at "
                               f"{server.base_url}", file=sys.stderr)
                         for endpoint, c in itertools.product(endpoints, levels):
                             t0 = time.monotonic()
                             where = f"C={c}" + (" chat" if endpoint == "chat" else "")
                             try:
                                 cell = {**base, "endpoint": endpoint, "concurrency": c,
-                                        **_cell(server, binary, model, c, seconds, logs,
+                                        **_cell(server, binary, folder, c, seconds, logs,
                                                 args.timeout, endpoint)}
                                 if args.profile_dir and spec.kind == "ours" and c >= 64:
                                     cell["profile"] = _profile(
-                                        server, binary, model, c, seconds, logs, args.py_spy,
-                                        Path(args.profile_dir), cell["tokens_per_s"],
+                                        server, binary, folder, c, seconds, logs, args.py_spy,
+                                        Path(args.profile_dir) if tokenizer == "model"
+                                        else Path(args.profile_dir, tokenizer),
+                                        cell["tokens_per_s"],
                                         endpoint)
                                 print(f"  {where}: {cell['tokens_per_s']:,.0f} tok/s, TTFT "
                                       f"p50 {cell['ttft_p50_ms']:.1f} ms, server "
@@ -408,9 +424,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                             _write(output, info, cells)
                 except (RuntimeError, TimeoutError, OSError) as exc:
                     failed = True
-                    print(f"{spec.label}: ERROR {exc}", file=sys.stderr)
+                    print(f"{label}: ERROR {exc}", file=sys.stderr)
                     done = {(c.get("endpoint", "completions"), c["concurrency"])
-                            for c in cells if c["server"] == spec.label}
+                            for c in cells if c["server"] == spec.label
+                            and c.get("tokenizer") == tokenizer}
                     cells.extend({**base, "endpoint": e, "concurrency": c,
                                   "error": str(exc)[-1500:]}
                                  for e, c in itertools.product(endpoints, levels)

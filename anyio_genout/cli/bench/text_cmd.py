@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...bench.spec import BACKENDS, Result, tokens_for
+from ...bench.tokenizers import TOKENIZERS
 from ..backends import importable
 from ..helpformat import HelpFormatter
 from .options import DEFAULT_DIR, csv_list, missing_extras
@@ -62,6 +63,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--backends", type=csv_list(str, BACKENDS), default=None,
                         metavar="LIST",
                         help="our backends (default: uvloop if installed, else asyncio)")
+    parser.add_argument("--tokenizers", type=csv_list(str, TOKENIZERS), default=None,
+                        metavar="LIST",
+                        help="tokenizers measured, each with its own corpus encoding: model "
+                             "(the bundled tokenizer, --model's config), bpe-bytelevel-32k "
+                             "(a Llama 3 / Qwen style byte-level BPE), sp-bytefallback-32k "
+                             "(a Llama 2 / Mistral style byte-fallback BPE); the last two "
+                             "are built locally and cached (default: all three)")
     parser.add_argument("--model", default=os.environ.get("ANYIO_GENOUT_VLLM_MODEL"),
                         metavar="DIR",
                         help="the model whose config vLLM reads, beside the bundled "
@@ -89,8 +97,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def plan_text(*, impl: str, backend: str, levels: Sequence[int], quick: bool, repeat: int,
-              model_dir: str, corpus_file: str, min_time: float | None) -> list[Result]:
-    """A repeat's cells of one implementation, as JSON specs (:class:`.text.TextSpec`)."""
+              model_dir: str, corpus_file: str, min_time: float | None,
+              tokenizer: str = "model") -> list[Result]:
+    """A repeat's cells of one implementation and tokenizer, as JSON specs
+    (:class:`.text.TextSpec`)."""
     from ...bench.text import OURS_VARIANTS, VARIANTS, TextSpec
 
     rounds: dict[str, Any] = ({"min_rounds": 1, "max_rounds": 1, "min_time": 0.0} if quick else
@@ -100,7 +110,7 @@ def plan_text(*, impl: str, backend: str, levels: Sequence[int], quick: bool, re
         rounds.update(min_time=min_time, max_rounds=200)
     return [TextSpec(impl=impl, backend=backend, concurrency=c,
                      tokens=32 if quick else tokens_for(c), model_dir=model_dir,
-                     corpus_file=corpus_file, repeat=repeat,
+                     corpus_file=corpus_file, repeat=repeat, tokenizer=tokenizer,
                      variants=OURS_VARIANTS if impl == "ours" else VARIANTS, **rounds).to_json()
             for c in levels]
 
@@ -138,7 +148,8 @@ def _vllm_python(args: argparse.Namespace, prog: str) -> str | None:
 
 
 def _progress(result: Result, seconds: float) -> str:
-    what = f"{result['impl']}/{result['backend']}/{result['concurrency']}#{result['repeat']}"
+    what = (f"{result['impl']}/{result['backend']}/{result.get('tokenizer', 'model')}/"
+            f"{result['concurrency']}#{result['repeat']}")
     if "error" in result:
         return f"{what}: ERROR {result['error']}"
     bits = [f"{v} {f.get('tokens_per_s', 0):,.0f} tok/s {f.get('cpu_us_per_token') or 0:.2f} "
@@ -154,6 +165,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ...bench.measure import wait_until_quiet
     from ...bench.text import corpus_token_ids, make_model_dir
     from ...bench.text_report import build_text_report, format_text_table
+    from ...bench.tokenizers import build_model_dir
     from ...text import Tokenizer, bundled_corpus
 
     prog: str = args.prog
@@ -176,37 +188,56 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 repeats=repeats, model=args.model if python else None)
     results: list[Result] = []
     started = time.monotonic()
+    names = list(dict.fromkeys(args.tokenizers or TOKENIZERS))
+    info["tokenizers"] = names
     with tempfile.TemporaryDirectory(prefix="anyio-genout-text-model-") as tmp:
-        model_dir = make_model_dir(Path(tmp) / "model", args.model if python else None)
-        corpus = corpus_token_ids(Tokenizer.from_model_dir(model_dir), bundled_corpus())
-        corpus_file = Path(tmp) / "corpus.json"
-        corpus_file.write_text(json.dumps(corpus))
-        info["corpus_tokens"] = len(corpus)
-        common = {"levels": levels, "quick": args.quick, "model_dir": str(model_dir),
-                  "corpus_file": str(corpus_file), "min_time": args.min_time}
-        print(f"bench text: {repeats} repeat(s) of {len(levels) * len(backends)} cell(s) of "
-              f"ours{' and one AsyncLLM process' if python else ''}, each in a fresh process "
-              f"with its own engine", file=sys.stderr)
+        folders: dict[str, tuple[str, str]] = {}  # name -> (model folder, corpus file)
+        corpus_tokens: dict[str, int] = {}
+        for name in names:
+            if name == "model":
+                model_dir = make_model_dir(Path(tmp) / "model", args.model if python else None)
+            else:
+                t0 = time.monotonic()
+                model_dir = build_model_dir(name)
+                print(f"bench text: tokenizer {name}: {model_dir} "
+                      f"({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+            corpus = corpus_token_ids(Tokenizer.from_model_dir(model_dir), bundled_corpus())
+            corpus_file = Path(tmp) / f"corpus-{name}.json"
+            corpus_file.write_text(json.dumps(corpus))
+            corpus_tokens[name] = len(corpus)
+            folders[name] = (str(model_dir), str(corpus_file))
+        info["corpus_tokens"] = corpus_tokens
+        info["tokenizer_dirs"] = {name: folder for name, (folder, _) in folders.items()}
+        common = {"levels": levels, "quick": args.quick, "min_time": args.min_time}
+        cells = len(levels) * len(backends) * len(names)
+        print(f"bench text: {repeats} repeat(s) of {cells} cell(s) of "
+              f"ours{' and one AsyncLLM process per tokenizer' if python else ''}, each in a "
+              f"fresh process with its own engine", file=sys.stderr)
         for repeat in range(1, repeats + 1):
             if settle:
                 wait_until_quiet(args.quiet, settle)
-            jobs: list[tuple[list[str], list[Result]]] = []
-            for backend in backends:
-                for spec in plan_text(impl="ours", backend=backend, repeat=repeat, **common):
-                    jobs.append(([sys.executable, "-m", "anyio_genout.bench.text",
-                                  json.dumps(spec)], [spec]))
-            if python is not None:
-                specs = plan_text(impl="vllm", backend=args.vllm_loop, repeat=repeat, **common)
-                vllm_job = ([python, "-m", "anyio_genout.bench.text_vllm", "--loop",
-                             args.vllm_loop, json.dumps(specs)], specs)
-                # AsyncLLM takes its turn first every other repeat: drift hits both alike.
-                jobs = [vllm_job, *jobs] if repeat % 2 == 0 else [*jobs, vllm_job]
-            for cmd, specs in jobs:
-                t0 = time.monotonic()
-                found = _run_json(cmd, specs, args.timeout * len(specs))
-                for result in found:
-                    print(_progress(result, time.monotonic() - t0), file=sys.stderr)
-                results.extend(found)
+            for name, (model_dir_s, corpus_s) in folders.items():
+                where = {**common, "model_dir": model_dir_s, "corpus_file": corpus_s,
+                         "tokenizer": name}
+                jobs: list[tuple[list[str], list[Result]]] = []
+                for backend in backends:
+                    for spec in plan_text(impl="ours", backend=backend, repeat=repeat,
+                                          **where):
+                        jobs.append(([sys.executable, "-m", "anyio_genout.bench.text",
+                                      json.dumps(spec)], [spec]))
+                if python is not None:
+                    specs = plan_text(impl="vllm", backend=args.vllm_loop, repeat=repeat,
+                                      **where)
+                    vllm_job = ([python, "-m", "anyio_genout.bench.text_vllm", "--loop",
+                                 args.vllm_loop, json.dumps(specs)], specs)
+                    # AsyncLLM takes its turn first every other repeat: drift hits both alike.
+                    jobs = [vllm_job, *jobs] if repeat % 2 == 0 else [*jobs, vllm_job]
+                for cmd, specs in jobs:
+                    t0 = time.monotonic()
+                    found = _run_json(cmd, specs, args.timeout * len(specs))
+                    for result in found:
+                        print(_progress(result, time.monotonic() - t0), file=sys.stderr)
+                    results.extend(found)
     info["seconds"] = round(time.monotonic() - started, 1)
     rows, targets = build_text_report(results)
     table = format_text_table(rows, targets)
