@@ -69,6 +69,11 @@ class ServerSpec:
             return f"anyio-genout {self.backend}{http} {self.workers}w"
         return "vllm serve" if self.kind == "vllm" else "vllm-rs"
 
+    @property
+    def file_stem(self) -> str:
+        """The label as a file name part (no space, no ``/``)."""
+        return self.label.replace(" ", "-").replace("/", "-")
+
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(Exception):
@@ -236,7 +241,7 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
     if the server is not healthy within ``ready_timeout`` seconds.
     """
     started = time.monotonic()
-    stem = spec.label.replace(" ", "-")
+    stem = spec.file_stem
     vocab_size = model_vocab_size(model)
     children: list[Child] = []
     try:

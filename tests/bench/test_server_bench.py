@@ -134,6 +134,10 @@ def test_the_plan_measures_each_http_server_where_it_runs() -> None:
                                         "anyio-genout trio/hypercorn 1w"]
     assert notes == ["uvicorn on trio skipped: it runs on asyncio only"]
     assert [s.http_server for s in specs] == ["uvicorn", "hypercorn", "hypercorn"]
+    # the label names files too (each cell's logs): no path separator in it
+    assert [s.file_stem for s in specs] == ["anyio-genout-asyncio-uvicorn-1w",
+                                            "anyio-genout-asyncio-hypercorn-1w",
+                                            "anyio-genout-trio-hypercorn-1w"]
 
 
 def test_the_command_is_registered() -> None:

@@ -226,7 +226,7 @@ def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: in
 
 def _stem(server: Any, concurrency: int, endpoint: str) -> str:
     chat = "-chat" if endpoint == "chat" else ""
-    return f"{server.spec.label.replace(' ', '-').replace('/', '-')}{chat}-c{concurrency}"
+    return f"{server.spec.file_stem}{chat}-c{concurrency}"
 
 
 def _cell(server: Any, binary: Path, model: str, concurrency: int, seconds: float,
@@ -382,7 +382,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="anyio-genout-bench-server-") as tmp:
             for (tokenizer, folder), spec in itertools.product(folders.items(), specs):
-                logs = Path(tmp) / f"{spec.label.replace(' ', '-')}-{tokenizer}"
+                logs = Path(tmp) / f"{spec.file_stem}-{tokenizer}"
                 logs.mkdir()
                 base = {"server": spec.label, "kind": spec.kind, "backend": spec.backend,
                         "workers": spec.workers, "http_server": spec.http_server,
