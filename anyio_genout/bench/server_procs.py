@@ -84,14 +84,15 @@ class Child:
     """A child process in its own process group, its output in ``log``."""
 
     def __init__(self, name: str, cmd: Sequence[str], log: Path, *,
-                 env: dict[str, str] | None = None, pass_fds: Sequence[int] = ()) -> None:
+                 env: dict[str, str] | None = None, pass_fds: Sequence[int] = (),
+                 cwd: str | None = None) -> None:
         self.name = name
         self.command = list(cmd)
         self.log = log
         with open(log, "wb") as out:
             self._proc = subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, pass_fds=tuple(pass_fds), start_new_session=True,
+                env=env, pass_fds=tuple(pass_fds), start_new_session=True, cwd=cwd,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         self._ps = psutil.Process(self._proc.pid)
 
@@ -233,7 +234,9 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
             ) -> Iterator[Running]:
     """Start ``spec``'s server and its mock engine; yield once ``/health`` answers; stop
     both (their whole process groups) on the way out, however it is taken.
-    ``our_pythonpath``: ours runs from that source tree (its ``PYTHONPATH``). The engine
+    ``our_pythonpath``: ours runs from that source tree (its ``PYTHONPATH``, and its working
+    directory: ``python -m`` puts the working directory first on the path, which would
+    otherwise win). The engine
     samples ids below ``model``'s ``config.json`` ``vocab_size`` (the tiny model's 1024 if
     it has none).
 
@@ -283,6 +286,7 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
                     cmd += ["--http-server", spec.http_server]
                 env = (None if our_pythonpath is None
                        else {**os.environ, "PYTHONPATH": our_pythonpath})
+                cwd = our_pythonpath
             else:
                 cmd = [*vllm_command, "serve", model, "--data-parallel-size-local", "0",
                        "--data-parallel-address", _HOST,
@@ -290,7 +294,9 @@ def running(spec: ServerSpec, *, model: str, logs: Path, python: str,
                        "--port", str(port), "--disable-log-stats",
                        "--disable-uvicorn-access-log"]
                 env = _vllm_env()
-            children.insert(0, Child(spec.label, cmd, logs / f"{stem}.server.log", env=env))
+                cwd = None
+            children.insert(0, Child(spec.label, cmd, logs / f"{stem}.server.log", env=env,
+                                     cwd=cwd))
         base_url = f"http://{_HOST}:{port}"
         _wait_ready(base_url, children, started + ready_timeout)
         server, engine = children
