@@ -297,10 +297,18 @@ async def serve_stream(generation: Generation,
 
         send = send_locked
     completion = 0
+    # The role chunks (and chat echo) go out with the first output, as vLLM sends them (its
+    # first iteration): an engine that fails before any output gets the error event first,
+    # and the first chunk measures the time to the first token.
+    # One write for all of them, so no choice's text can come between.
+    first = b"".join(sse_event(chunk) for chunk in fmt.first_chunks(len(streams)))
 
     async def relay(i: int, stream: TextStream) -> None:
-        nonlocal completion
+        nonlocal completion, first
         async for out in stream:
+            if first:
+                chunks, first = first, b""
+                await send(chunks)
             out, failure = _with_buffered(stream, out)
             completion += len(out.token_ids)
             event = fmt.event(out, i)
@@ -310,8 +318,6 @@ async def serve_stream(generation: Generation,
                 raise failure
 
     try:
-        for first in fmt.first_chunks(len(streams)):
-            await send_chunk(sse_event(first))
         await _each(streams, relay)
     except GenoutError as exc:
         await generation.aclose()

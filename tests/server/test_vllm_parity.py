@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -54,6 +55,33 @@ def _prompt_text(s: Served) -> str:
 
 
 # ------------------------------------------------------------------- 1. the answer's role
+
+
+async def test_the_role_chunk_comes_with_the_first_output_as_vllm_sends_it() -> None:
+    """vLLM sends a streamed chat's role chunk in its first iteration over the outputs, so
+    a client's first chunk comes with the first token: while the engine's scheduler is
+    paused (requests kept), nothing but the headers may arrive."""
+    lines: list[str] = []
+    async with served() as s, httpx.AsyncClient(base_url=s.v1, timeout=10) as http:
+        await s.setup.client.engine.pause_scheduler(mode="keep")
+        body = {"model": MODEL, "max_tokens": 2, "ignore_eos": True, "stream": True,
+                "messages": USER}
+
+        async def read() -> None:
+            async with http.stream("POST", "/chat/completions", json=body) as reply:
+                assert reply.status_code == 200
+                lines.extend([line async for line in reply.aiter_lines() if line])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.sleep(0.5)
+            early = list(lines)
+            await s.setup.client.engine.resume_scheduler()
+    assert early == []  # before the change: the role chunk at once
+    assert json.loads(lines[0][len("data: "):])["choices"][0]["delta"]["role"] == "assistant"
+    assert lines[-1] == "data: [DONE]"
+    assert "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                   for line in lines[1:-1])
 
 
 async def test_without_a_generation_prompt_the_answer_has_the_last_messages_role() -> None:
