@@ -70,7 +70,9 @@ async def test_the_role_chunk_comes_with_the_first_output_as_vllm_sends_it() -> 
         async def read() -> None:
             async with http.stream("POST", "/chat/completions", json=body) as reply:
                 assert reply.status_code == 200
-                lines.extend([line async for line in reply.aiter_lines() if line])
+                async for line in reply.aiter_lines():
+                    if line:
+                        lines.append(line)  # as each arrives
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)
