@@ -61,6 +61,7 @@ from tokenizers.decoders import DecodeStream
 
 from .byte_table import ByteTable, byte_table
 from .fallback_table import FallbackStream, fallback_table
+from .separator import separator_token_id
 
 __all__ = ["INVALID_PREFIX", "IncrementalDetokenizer", "clean_prompt_split",
            "separator_token_id"]
@@ -70,8 +71,6 @@ INVALID_PREFIX: Final = "Invalid prefix encountered"
 REPLACEMENT: Final = "\ufffd"
 #: How many trailing prompt tokens are searched for the clean seed (then: the whole prompt).
 MAX_PROMPT_TAIL: Final = 16
-#: Separator candidates, first match wins: plain one-character tokens.
-SEPARATORS: Final = (".", ",", "a", "0", "!", "-", "x")
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -80,24 +79,6 @@ def _common_prefix(a: str, b: str) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-def separator_token_id(tokenizer: Tokenizer) -> int | None:
-    """A plain vocabulary token whose text does not depend on its neighbours, or ``None``.
-
-    Used after an "invalid prefix" error: it ends a run of byte-fallback tokens and keeps a
-    decoder's first-space stripping away from the text that follows it.
-    """
-    added = tokenizer.get_added_tokens_decoder()
-    for candidate in SEPARATORS:
-        token_id = tokenizer.token_to_id(candidate)
-        if token_id is None or token_id in added:
-            continue
-        one = tokenizer.decode([token_id])
-        if one and not one.endswith(REPLACEMENT) and \
-                tokenizer.decode([token_id, token_id]) == one + one:
-            return token_id
-    return None
 
 
 def clean_prompt_split(tokenizer: Tokenizer, prompt: Sequence[int],

@@ -33,6 +33,8 @@ from typing import Final, final
 
 from tokenizers import Tokenizer, decoders
 
+from .separator import separator_token_id
+
 __all__ = ["FallbackStream", "FallbackTable", "fallback_table"]
 
 REPLACEMENT: Final = "\ufffd"
@@ -111,8 +113,6 @@ _CACHE: weakref.WeakKeyDictionary[Tokenizer, dict[bool, FallbackTable]] = \
 def fallback_table(tokenizer: Tokenizer, skip_special_tokens: bool) -> FallbackTable | None:
     """The tokenizer's table, or ``None`` if its decoder is not exactly the byte-fallback
     sequence (or it has no separator token for the detokenizer's restart)."""
-    from .detokenizer import separator_token_id
-
     tables = _CACHE.get(tokenizer)
     if tables is None:
         strip = _decoder_kind(tokenizer)
