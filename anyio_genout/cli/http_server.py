@@ -38,6 +38,9 @@ __all__ = ["HTTP_SERVERS", "MAX_HEAD_BYTES", "HttpServer", "choose_http_server",
 
 #: The values of ``--http-server``.
 HTTP_SERVERS: Final = ("uvicorn", "hypercorn")
+#: Seconds of silence after which the rest of an answered request's body is taken as done
+#: and the connection closed (its bytes sent by then have been read: no reset).
+_LINGER: Final = 0.2
 #: The largest request head (request line and headers) accepted, in bytes: Hypercorn's
 #: ``h11_max_incomplete_size``, for both servers.
 MAX_HEAD_BYTES: Final = 16 * 1024
@@ -173,6 +176,9 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
     class _GuardedHttpTools(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
         _head_bytes = 0
+        #: While the rest of an answered request's body is dropped: when to close at the latest.
+        _drop_until: float | None = None
+        _drop_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -194,6 +200,9 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self._drop_until is not None:  # the rest of an answered request's body
+                self._linger()
+                return
             if self._head_timer is not None and not self.transport.is_closing():
                 self._head_bytes += len(data)
                 if self._head_bytes > MAX_HEAD_BYTES:
@@ -209,14 +218,41 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
+            cycle = self.cycle
             super().on_response_complete()
+            if self.transport.is_closing():
+                return
+            if cycle is not None and cycle.more_body:
+                # Answered before its body came whole (401, 413, 429, ...), as Hypercorn
+                # does: read and drop the rest, then close; closing at once would reset a
+                # connection whose unread bytes are still coming, losing the answer.
+                self._unset_keepalive_if_required()
+                self._head_done()
+                self._drop_until = self.loop.time() + self.timeout_keep_alive
+                self._linger()
+                return
             # uvicorn armed its keep-alive timer: no pipelined request waits, so the next
             # head must come in time too.
-            if self.timeout_keep_alive_task is not None and not self.transport.is_closing():
+            if self.timeout_keep_alive_task is not None:
                 self._await_head()
+
+        def _linger(self) -> None:
+            """Close after :data:`_LINGER` s without more bytes, or at ``_drop_until``."""
+            if self._drop_timer is not None:
+                self._drop_timer.cancel()
+            assert self._drop_until is not None
+            when = min(self.loop.time() + _LINGER, self._drop_until)
+            self._drop_timer = self.loop.call_at(when, self._close)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self._drop_until is not None:
+                self._close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._head_done()
+            if self._drop_timer is not None:
+                self._drop_timer.cancel()
             super().connection_lost(exc)
 
     return _GuardedHttpTools
