@@ -161,6 +161,14 @@ async def test_a_prompt_start_up_warns_nothing(caplog: pytest.LogCaptureFixture)
 # ---------------------------------------------------------------------- the README example
 
 
+def _terminal_sigint() -> None:  # pragma: no cover - runs in the child before exec
+    """Ctrl-C as a terminal delivers it: SIGINT at its default and not blocked, whatever the
+    test worker's own state (a child inherits an ignored or blocked SIGINT, and Python then
+    never raises KeyboardInterrupt; two CI runs of the whole suite timed out so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def readme_example(address: str, backend: str) -> str:
     """The README's Python example (which needs real engines), for ``address``."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -183,7 +191,8 @@ def test_the_readme_example_without_engines_says_so_and_ctrl_c_is_plain(
     address = free_tcp_address()
     script.write_text(readme_example(address, backend), encoding="utf-8")
     with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=tmp_path) as process:
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          preexec_fn=_terminal_sigint) as process:
         try:
             assert process.stdout is not None and process.stderr is not None
             assert process.stdout.readline() == "started\n"
