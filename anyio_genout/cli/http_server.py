@@ -174,11 +174,12 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class _GuardedHttpTools(HttpToolsProtocol):
-        _head_timer: asyncio.TimerHandle | None = None
+        #: What closes the connection next: the head timeout while a head is awaited, the
+        #: linger while an answered request's body is dropped (None: neither).
+        _timer: asyncio.TimerHandle | None = None
         _head_bytes = 0
         #: While the rest of an answered request's body is dropped: when to close at the latest.
         _drop_until: float | None = None
-        _drop_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -186,27 +187,28 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
 
         def _await_head(self) -> None:
             self._head_bytes = 0
-            self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._close)
+            self._timer = self.loop.call_later(self.timeout_keep_alive, self._close)
 
-        def _head_done(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+        def _cancel_timer(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
         def _close(self) -> None:
-            self._head_timer = None
+            self._timer = None
             if not self.transport.is_closing():
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self.transport.is_closing():
+                return
             if self._drop_until is not None:  # the rest of an answered request's body
                 self._linger()
-                return
-            if self._head_timer is not None and not self.transport.is_closing():
+            elif self._timer is not None:  # a head awaited
                 self._head_bytes += len(data)
                 if self._head_bytes > MAX_HEAD_BYTES:
-                    self._head_done()
+                    self._cancel_timer()
                     self.send_400_response("Request head too large.")
 
         def on_message_begin(self) -> None:
@@ -214,7 +216,7 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
             self.scope["root_path"] = root_path
 
         def on_headers_complete(self) -> None:
-            self._head_done()
+            self._cancel_timer()
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
@@ -227,7 +229,6 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
                 # does: read and drop the rest, then close; closing at once would reset a
                 # connection whose unread bytes are still coming, losing the answer.
                 self._unset_keepalive_if_required()
-                self._head_done()
                 self._drop_until = self.loop.time() + self.timeout_keep_alive
                 self._linger()
                 return
@@ -238,11 +239,10 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
 
         def _linger(self) -> None:
             """Close after :data:`_LINGER` s without more bytes, or at ``_drop_until``."""
-            if self._drop_timer is not None:
-                self._drop_timer.cancel()
+            self._cancel_timer()
             assert self._drop_until is not None
             when = min(self.loop.time() + _LINGER, self._drop_until)
-            self._drop_timer = self.loop.call_at(when, self._close)
+            self._timer = self.loop.call_at(when, self._close)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -250,9 +250,7 @@ def _guarded_protocol(root_path: str) -> type[asyncio.Protocol]:
                 self._close()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._head_done()
-            if self._drop_timer is not None:
-                self._drop_timer.cancel()
+            self._cancel_timer()
             super().connection_lost(exc)
 
     return _GuardedHttpTools
