@@ -134,6 +134,7 @@ async def mock_cluster(engines: int = 1, *,
                        mock: Mapping[str, Any] | None = None,
                        overrides: Mapping[int, Mapping[str, Any]] | None = None,
                        bootstrapped: bool = False, waves: WaveGroup | None = None,
+                       host: str = "127.0.0.1",
                        **client_config: Any) -> AsyncIterator[MockCluster]:
     """``engines`` mock engines and an :class:`EngineCoreClient` over them.
 
@@ -143,20 +144,22 @@ async def mock_cluster(engines: int = 1, *,
     bind the input and output sockets the client was given, no handshake. ``waves``: every
     engine is one of this wave group (``data_parallel_waves=True`` for the client). The rest:
     EngineCoreClientConfig settings (``ready_timeout`` 10 s unless given; ``health=``,
-    ``routing=`` take its sub-configs; the transport is the cluster's).
+    ``routing=`` take its sub-configs; the transport is the cluster's). ``host``: the
+    address every socket binds (another loopback address keeps out the peers of other
+    tests that still reconnect to a port this cluster happens to get).
 
     The engines start before the client connects; the client is closed before they stop
     (as a front end shutting down).
     """
     transport: BootstrappedTransport | HandshakeTransport
     if bootstrapped:
-        inp, out = free_tcp_address(), free_tcp_address()
+        inp, out = free_tcp_address(host), free_tcp_address(host)
         side: dict[str, Any] = {"input_address": inp, "output_addresses": (out,)}
         transport = BootstrappedTransport(input_address=inp, output_address=out)
     else:
-        address = free_tcp_address()
+        address = free_tcp_address(host)
         side = {"handshake_address": address}
-        transport = HandshakeTransport(address)
+        transport = HandshakeTransport(address, advertised_host=host)
     by_rank = _faults_by_rank(engines, faults)
     config = EngineCoreClientConfig(engine_count=engines, transport=transport,
                                     **{"ready_timeout": 10.0, **client_config})
