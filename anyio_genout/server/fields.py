@@ -37,7 +37,8 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "messages": (_I, "through the chat template; roles system, developer (a system message "
                  "for a template that does not name it, as vLLM), user, assistant, tool"),
     "stream": (_I, "server-sent events"),
-    "stream_options": (_I, "include_usage; refused without stream=true as vLLM does"),
+    "stream_options": (_I, "include_usage, continuous_usage_stats (usage so far on every "
+                       "chunk); refused without stream=true as vLLM does"),
     "n": (_I, "child requests; n > 1 refused with temperature 0 as vLLM does (param null)"),
     "temperature": (_I, ""), "top_p": (_I, ""), "top_k": (_I, ""), "min_p": (_I, ""),
     "seed": (_I, ""), "presence_penalty": (_I, ""), "frequency_penalty": (_I, ""),

@@ -121,8 +121,10 @@ class Format:
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def event(self, out: TextOutput, index: int) -> bytes | None:
-        """The SSE event of a streamed output (None: nothing to send), ``chunk`` rendered.
+    def event(self, out: TextOutput, index: int, *,
+              usage: dict[str, Any] | None = None) -> bytes | None:
+        """The SSE event of a streamed output (None: nothing to send), ``chunk`` rendered,
+        with ``usage`` (continuous usage stats) if given.
 
         Most events carry new text alone (no finish, no logprobs, no echo due): those are
         the choice's chunk rendered once with a marker for its text, the text's JSON
@@ -130,7 +132,7 @@ class Format:
 
         Raises what :meth:`chunk` raises.
         """
-        if (out.text and out.finish_reason is None and out.logprobs is None
+        if (usage is None and out.text and out.finish_reason is None and out.logprobs is None
                 and self._plain(index)):
             template = self._templates.get(index)
             if template is None:
@@ -141,6 +143,8 @@ class Format:
             return None
         if out.finish_reason is not None and self._terminal_fingerprint is not None:
             chunk["system_fingerprint"] = self._terminal_fingerprint
+        if usage is not None:
+            chunk["usage"] = usage
         return sse_event(chunk)
 
     def token(self, entry: TokenLogprob) -> str:

@@ -23,11 +23,14 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     """``stream_options``: given (not ``{}``) only with ``stream`` true, as vLLM's
-    validator has it; its other keys are kept (``model_extra``) for that check alone."""
+    validator has it; its other keys are kept (``model_extra``) for that check alone.
+    ``continuous_usage_stats`` (with ``include_usage``): every chunk carries the usage so
+    far, as vLLM's do."""
 
     model_config = ConfigDict(extra="allow")
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class JsonSchema(_Body):

@@ -41,7 +41,7 @@ from ..text.request import TextRequest, check_text_request
 from ..text.stream import TextStream
 from . import requests
 from .errors import ApiError, error_body, validation_error
-from .formats import Format, sse_event
+from .formats import Format, sse_event, usage
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ToolServing
 
@@ -106,12 +106,14 @@ def _no_decode(ids: Sequence[int]) -> str:
 class Plan:
     """One body to serve: its child requests (one per choice, by ``index``), the format of
     its response, and how it is answered (``stream``; ``include_usage``: a streamed usage
-    chunk before ``[DONE]``)."""
+    chunk before ``[DONE]``; ``continuous_usage``: every streamed chunk carries its choice's
+    usage so far too, vLLM's ``continuous_usage_stats``)."""
 
     requests: Sequence[TextRequest]
     format: Format
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -152,9 +154,12 @@ class Serving:
 
         stream_options = body.stream_options
         include_usage = stream_options is not None and stream_options.include_usage
+        continuous = include_usage and stream_options is not None \
+            and stream_options.continuous_usage_stats
         fmt = found.format(model or self.model_name, decode)
         fmt.stamp(self.fingerprint(), include_usage=include_usage)
-        return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage)
+        return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage,
+                    continuous_usage=continuous)
 
 
 class Generation:
@@ -297,11 +302,19 @@ async def serve_stream(generation: Generation,
 
         send = send_locked
     completion = 0
+    # With continuous usage every chunk carries its choice's usage so far (vLLM's: the
+    # prompt of that choice, the tokens of that choice up to and with this chunk's).
+    counted: list[int] | None = [0] * len(streams) if plan.continuous_usage else None
+    prompts = [len(s.prompt_token_ids) for s in streams]
+    first_chunks = fmt.first_chunks(len(streams))
+    if counted is not None:
+        for chunk in first_chunks:
+            chunk["usage"] = usage(prompts[chunk["choices"][0]["index"]], 0)
     # The role chunks (and chat echo) go out with the first output, as vLLM sends them (its
     # first iteration): an engine that fails before any output gets the error event first,
     # and the first chunk measures the time to the first token.
     # One write for all of them, so no choice's text can come between.
-    first = b"".join(sse_event(chunk) for chunk in fmt.first_chunks(len(streams)))
+    first = b"".join(sse_event(chunk) for chunk in first_chunks)
 
     async def relay(i: int, stream: TextStream) -> None:
         nonlocal completion, first
@@ -311,7 +324,11 @@ async def serve_stream(generation: Generation,
                 await send(chunks)
             out, failure = _with_buffered(stream, out)
             completion += len(out.token_ids)
-            event = fmt.event(out, i)
+            if counted is None:
+                event = fmt.event(out, i)
+            else:
+                counted[i] += len(out.token_ids)
+                event = fmt.event(out, i, usage=usage(prompts[i], counted[i]))
             if event is not None:
                 await send(event)
             if failure is not None:
@@ -326,6 +343,4 @@ async def serve_stream(generation: Generation,
     await generation.aclose()
     if not plan.include_usage:
         return DONE
-    usage = fmt.usage_chunk(fmt.prompt_tokens([len(s.prompt_token_ids) for s in streams]),
-                            completion)
-    return sse_event(usage) + DONE
+    return sse_event(fmt.usage_chunk(fmt.prompt_tokens(prompts), completion)) + DONE

@@ -112,6 +112,8 @@ CHATS: list[tuple[str, dict[str, Any]]] = [
         "tool_choice": "none"}),
     ("structured_choice", {"structured_outputs": {"choice": ["yes", "no"]}}),
     ("stream_usage", {"stream_options": {"include_usage": True}}),
+    ("stream_usage_continuous", {"stream_options": {"include_usage": True,
+                                                    "continuous_usage_stats": True}}),
 ]
 
 #: Bodies both servers refuse: the status and the error's type and param must agree.
@@ -204,11 +206,16 @@ def assembled(events: list[dict[str, Any]]) -> dict[str, Any]:
     """A stream's chunks as one answer: per choice index, everything joined; the usage."""
     choices: dict[int, dict[str, Any]] = {}
     answer: dict[str, Any] = {}
+    running: dict[int, Any] = {}  # continuous usage: each choice's last chunk's
     for event in events:
         for choice in event.get("choices") or []:
             _join(choices.setdefault(choice["index"], {}), choice)
+            if event.get("usage") is not None:
+                running[choice["index"]] = event["usage"]
         if event.get("usage") is not None:
             answer["usage"] = event["usage"]
+    if running:
+        answer["running_usage"] = [running[i] for i in sorted(running)]
         for key in ("object", "model", "error", "system_fingerprint"):
             if key in event:
                 answer[key] = event[key]
@@ -283,7 +290,7 @@ async def test_every_field_of_every_answer_equals_vllm_serve(
     assert not differences, (f"{len(differences)} of {len(theirs)} answers differ:\n"
                              + "\n".join(differences))
     # The cases are what they say: the refusals refused, every other case answered (but
-    # stream_options without stream, which both refuse: "chat/stream_usage" whole).
+    # stream_options without stream, which both refuse: the chat stream_usage cases whole).
     refused = {key for key, answer in mine.items() if "status" in answer}
     assert refused == {f"{route}/refused/{name}" for name, route, _ in REFUSALS} | {
-        "chat/stream_usage"}, refused
+        "chat/stream_usage", "chat/stream_usage_continuous"}, refused
