@@ -19,7 +19,7 @@ docs/server.md, "Tool calls and reasoning".
 from .base import PartialCall, Snapshot, ToolCallStream, ToolParser
 from .compose import OutputParser, OutputStream
 from .mistral import MistralToolParser
-from .reasoning import ReasoningParser, ReasoningStream
+from .reasoning import ReasoningParser, ReasoningStream, ReasoningTokenCounter
 from .registry import (
     reasoning_parser_class,
     reasoning_parser_names,
@@ -30,7 +30,8 @@ from .schema import tool_choice_json_schema
 from .types import DeltaMessage, ParsedOutput, ToolCall, ToolCallDelta, ToolCallsResult
 
 __all__ = ["DeltaMessage", "MistralToolParser", "OutputParser", "OutputStream",
-           "ParsedOutput", "PartialCall", "ReasoningParser", "ReasoningStream", "Snapshot",
+           "ParsedOutput", "PartialCall", "ReasoningParser", "ReasoningStream",
+           "ReasoningTokenCounter", "Snapshot",
            "ToolCall", "ToolCallDelta", "ToolCallStream", "ToolCallsResult", "ToolParser",
            "reasoning_parser_class", "reasoning_parser_names", "tool_choice_json_schema",
            "tool_parser", "tool_parser_names"]

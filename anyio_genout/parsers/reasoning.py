@@ -15,17 +15,26 @@ A prompt that already closed its reasoning (``<think>...</think>`` at its end, s
 not (vLLM applies that to streams only). Markers are found in the text, so a marker split
 over several tokens is still one marker; a piece that may be the start of a marker is held
 back until the next piece tells.
+
+The usage's ``completion_tokens_details.reasoning_tokens`` counts generated token ids, as
+vLLM 0.32's ``count_reasoning_tokens`` does (:meth:`ReasoningParser.token_counter`, which
+needs the markers to be single tokens of the vocabulary, as vLLM's think parsers do):
+``deepseek_r1`` (vLLM's ``BaseThinkingReasoningParser``) counts the tokens inside
+``<think>``...``</think>`` pairs with a depth counter (a stray ``</think>`` is skipped, an
+unclosed ``<think>`` counts to the end); ``qwen3`` (its parser engine) counts every token
+before the first ``</think>`` or ``<tool_call>`` but the ``<think>`` markers, none with
+``thinking=False``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from .base import partial_overlap
 
 __all__ = ["DeepSeekR1ReasoningParser", "Qwen3ReasoningParser", "ReasoningParser",
-           "ReasoningStream"]
+           "ReasoningStream", "ReasoningTokenCounter"]
 
 
 class ReasoningParser:
@@ -88,6 +97,19 @@ class ReasoningParser:
     def stream(self, *, reasoning_ended: bool = False) -> ReasoningStream:
         return ReasoningStream(self, reasoning_ended=reasoning_ended)
 
+    def token_counter(self, token_id: Callable[[str], int | None]
+                      ) -> ReasoningTokenCounter | None:
+        """A counter of the reasoning tokens of one output (see the module docstring);
+        ``token_id`` gives a marker's id in the vocabulary (None: not one token). None if
+        ``start`` or ``end`` is not one token: vLLM's think parsers cannot be made then."""
+        start, end = token_id(self.start), token_id(self.end)
+        if start is None or end is None:
+            return None
+        if not self.implicit_ends and not self.drop_all_markers:
+            return ReasoningTokenCounter(start, end)
+        ends = {end, *(i for i in map(token_id, self.implicit_ends) if i is not None)}
+        return ReasoningTokenCounter(start, end, until=frozenset(ends), off=not self.thinking)
+
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
     name: ClassVar[str] = "deepseek_r1"
@@ -97,6 +119,45 @@ class Qwen3ReasoningParser(ReasoningParser):
     name: ClassVar[str] = "qwen3"
     implicit_ends: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     drop_all_markers: ClassVar[bool] = True
+
+
+class ReasoningTokenCounter:
+    """vLLM's ``count_reasoning_tokens`` of one output, fed its token ids as they come
+    (:meth:`feed`); :attr:`count` so far. Without ``until``: the depth counter over
+    ``start``/``end``; with it: every token but ``start`` until one of ``until`` (none at
+    all if ``off``)."""
+
+    __slots__ = ("_depth", "_end", "_start", "_until", "count")
+
+    def __init__(self, start: int, end: int, *, until: frozenset[int] | None = None,
+                 off: bool = False) -> None:
+        self._start, self._end = start, end
+        self._until = until
+        self._depth = -1 if off else 0  # -1: past the reasoning (the ``until`` rule)
+        self.count = 0
+
+    def feed(self, token_ids: Sequence[int]) -> int:
+        """Count ``token_ids`` (the next generated ones); returns :attr:`count`."""
+        start, depth, count = self._start, self._depth, self.count
+        if self._until is None:
+            end = self._end
+            for token in token_ids:
+                if token == start:
+                    depth += 1
+                elif token == end:
+                    depth = max(0, depth - 1)
+                elif depth > 0:
+                    count += 1
+        elif depth == 0:
+            until = self._until
+            for token in token_ids:
+                if token in until:
+                    depth = -1
+                    break
+                if token != start:
+                    count += 1
+        self._depth, self.count = depth, count
+        return count
 
 
 class ReasoningStream:

@@ -1,4 +1,5 @@
-"""vLLM's and OpenAI's response shapes: completions and chat completions, whole or streamed."""
+"""vLLM's and OpenAI's response shapes, whole or streamed: what every route's has
+(:class:`Format`), and completions'; chat completions' are in :mod:`.chat_format`."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from typing import Any, Final
 
 from ..errors import GenoutError, RequestFailedError
 from ..generate import FinishReason, FinishReasonKind
+from ..parsers import ReasoningTokenCounter
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 from .errors import ApiError, error_for
-from .tools import ChatParsing, ChatStream, tool_call_json, tool_delta_json
 
-__all__ = ["ChatFormat", "CompletionFormat", "Format", "dumps", "engine_error", "sse_event",
-           "usage"]
+__all__ = ["CompletionFormat", "Format", "dumps", "engine_error", "prompt_logprobs_json",
+           "sse_event", "usage"]
 
 #: A string no output's text contains (a lone surrogate, which the text layer never makes),
 #: for cutting a rendered chunk around its text.
@@ -32,9 +33,16 @@ def sse_event(value: Any) -> bytes:
     return b"data: " + dumps(value) + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+def usage(prompt_tokens: int, completion_tokens: int,
+          reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """A ``usage`` object; ``reasoning_tokens`` (a chat served with a reasoning parser, as
+    vLLM's): its ``completion_tokens_details``."""
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+    if reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return body
 
 
 def engine_error(constraint: str | None) -> RequestFailedError:
@@ -182,17 +190,30 @@ class Format:
                                                  for i, out in enumerate(outs)])
         if self.fingerprint is not None:  # before usage, as vLLM's field order
             body["system_fingerprint"] = self.fingerprint
+        reasoning = None
+        if self.reasoning_counter() is not None:
+            reasoning = 0
+            for out in outs:
+                counter = self.reasoning_counter()
+                assert counter is not None
+                reasoning += counter.feed(out.token_ids)
         body["usage"] = usage(self.prompt_tokens([out.usage.prompt_token_count
                                                   for out in outs]),
-                              sum(out.usage.output_token_count for out in outs))
+                              sum(out.usage.output_token_count for out in outs), reasoning)
         return body
+
+    def reasoning_counter(self) -> ReasoningTokenCounter | None:
+        """A fresh counter of one choice's reasoning tokens, if this response's usage has
+        ``completion_tokens_details`` (a chat served with a reasoning parser); else None."""
+        return None
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         raise NotImplementedError
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    reasoning_tokens: int | None = None) -> dict[str, Any]:
         body = self.envelope(self.object_chunk, [])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, reasoning_tokens)
         if self.fingerprint is not None:
             body["system_fingerprint"] = self.fingerprint
         return body
@@ -313,136 +334,15 @@ class CompletionFormat(Format):
             text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
                                            out.prompt_token_ids, out.prompt_logprobs)
         if self.prompt_logprobs or (self._echo and self.top is not None):
-            prompt_logprobs = _prompt_logprobs(out.prompt_logprobs)
+            prompt_logprobs = prompt_logprobs_json(out.prompt_logprobs)
         choice = self._choice(text, rows, out.finish_reason, index)
         choice["prompt_logprobs"] = prompt_logprobs
         return choice
 
 
-def _prompt_logprobs(rows: list[list[TokenLogprob]] | None) -> list[Any]:
+def prompt_logprobs_json(rows: list[list[TokenLogprob]] | None) -> list[Any]:
     """vLLM's ``prompt_logprobs`` of a choice: None for the first prompt token, then per
     token id its logprob, rank and text."""
     return [None, *({str(e.token_id): {"logprob": max(e.logprob, -9999.0), "rank": e.rank,
                                        "decoded_token": e.token} for e in row}
                     for row in rows or ())]
-
-
-class ChatFormat(Format):
-    """``/v1/chat/completions`` responses; with ``echo_text`` (chat ``echo``) each answer
-    begins with it (a chunk of its own after the role's, when streamed, as vLLM sends it).
-    With ``parsing`` the output is read for reasoning and tool calls (``message.reasoning``
-    and ``message.tool_calls``; streamed, ``delta.reasoning`` and ``delta.tool_calls``
-    pieces), each streamed choice through its own parser state. ``role`` is the answer's
-    (``message.role``, the first chunk's ``delta.role``): vLLM's ``get_chat_request_role``.
-    """
-
-    object_whole = "chat.completion"
-    object_chunk = "chat.completion.chunk"
-
-    def __init__(self, response_id: str, model: str, top: int | None, *,
-                 constraint: str | None = None, prompt_logprobs: bool = False,
-                 token_ids: bool = False, echo_text: str | None = None,
-                 parsing: ChatParsing | None = None, role: str = "assistant") -> None:
-        super().__init__(response_id, model, top, constraint=constraint,
-                         prompt_logprobs=prompt_logprobs, token_ids=token_ids)
-        self.role = role
-        self._echo_text = echo_text or ""
-        self._parsing = parsing
-        self._parse_streams: dict[int, ChatStream] = {}  # by choice index
-        if parsing is not None and parsing.hide_logprobs:
-            self.top = None  # hidden reasoning hides the logprobs too, as vLLM's do
-
-    def _plain(self, index: int) -> bool:
-        return self._parsing is None
-
-    def _entry(self, entry: TokenLogprob) -> dict[str, Any]:
-        token = self.token(entry)
-        return {"token": token, "logprob": entry.logprob, "bytes": list(token.encode("utf-8"))}
-
-    def _logprobs(self, rows: list[list[TokenLogprob]] | None) -> dict[str, Any] | None:
-        if self.top is None or rows is None:
-            return None
-        return {"content": [{**self._entry(row[0]),
-                             "top_logprobs": [self._entry(e) for e in row[1: self.top + 1]]}
-                            for row in rows]}
-
-    def first_chunks(self, n: int) -> list[dict[str, Any]]:
-        first = [self.envelope(self.object_chunk, [
-            {"index": i, "delta": {"role": self.role, "content": ""}, "logprobs": None,
-             "finish_reason": None}]) for i in range(n)]
-        if self._echo_text:
-            first += [self.envelope(self.object_chunk, [
-                {"index": i, "delta": {"content": self._echo_text}, "logprobs": None,
-                 "finish_reason": None}]) for i in range(n)]
-        return first
-
-    def whole(self, outs: list[CollectedTextOutput]) -> dict[str, Any]:
-        """See :meth:`Format.whole`; with ``prompt_logprobs``, vLLM's top-level
-        ``prompt_logprobs`` (the first choice's prompt)."""
-        body = super().whole(outs)
-        if self.prompt_logprobs:
-            body["prompt_logprobs"] = _prompt_logprobs(outs[0].prompt_logprobs) if outs \
-                else None
-        return body
-
-    def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
-        if self._parsing is not None:
-            return self._parsed_chunk(out, index, self._parsing)
-        if not out.text and not out.finished and not (out.logprobs and self.top is not None):
-            return None
-        finish, stop = self._finish(out.finish_reason)
-        choice = {"index": index, "delta": {"content": out.text} if out.text else {},
-                  "logprobs": self._logprobs(out.logprobs), "finish_reason": finish}
-        if finish is not None:
-            choice["stop_reason"] = stop
-        return self.envelope(self.object_chunk, [choice])
-
-    def _parsed_chunk(self, out: TextOutput, index: int, parsing: ChatParsing
-                      ) -> dict[str, Any] | None:
-        """A streamed chunk through the choice's parser state: only what it lets out (a
-        marker is held back until it is whole); ``finish_reason`` ``tool_calls`` once a
-        call was sent (vLLM's rule: auto and required; a named function keeps stop)."""
-        stream = self._parse_streams.get(index)
-        if stream is None:
-            stream = self._parse_streams[index] = parsing.stream()
-        finish, stop = self._finish(out.finish_reason)
-        found = stream.delta(out.text, out.token_ids, out.prompt, last=finish is not None)
-        logprobs = self._logprobs(out.logprobs)
-        if found is None and finish is None and logprobs is None:
-            return None
-        delta: dict[str, Any] = {}
-        if found is not None:
-            if found.reasoning:
-                delta["reasoning"] = found.reasoning
-            if found.content:
-                delta["content"] = found.content
-            if found.tool_calls:
-                delta["tool_calls"] = tool_delta_json(found.tool_calls)
-        choice = {"index": index, "delta": delta, "logprobs": logprobs,
-                  "finish_reason": finish}
-        if finish is not None:
-            choice["finish_reason"] = parsing.finish_reason(finish, called=stream.called)
-            choice["stop_reason"] = stop
-        return self.envelope(self.object_chunk, [choice])
-
-    def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
-        finish, stop = self._finish(out.finish_reason)
-        parsing = self._parsing
-        if parsing is None:
-            return {"index": index, "message": {"role": self.role,
-                                                "content": self._echo_text + out.text},
-                    "logprobs": self._logprobs(out.logprobs), "finish_reason": finish,
-                    "stop_reason": stop}
-        parsed = parsing.whole(out.text, out.prompt)
-        content = parsed.content
-        if self._echo_text:
-            content = self._echo_text + (content or "")
-        message: dict[str, Any] = {"role": self.role, "content": content}
-        if parsing.shows_reasoning_field:
-            message["reasoning"] = parsed.reasoning
-        if parsed.tool_calls:
-            message["tool_calls"] = [tool_call_json(call) for call in parsed.tool_calls]
-        return {"index": index, "message": message, "logprobs": self._logprobs(out.logprobs),
-                "finish_reason": parsing.finish_reason(  # required: whatever it holds
-                    finish, called=bool(parsed.tool_calls) or parsing.mode == "required"),
-                "stop_reason": stop}

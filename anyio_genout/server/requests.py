@@ -17,9 +17,10 @@ from ..errors import GenoutError, InvalidRequestError
 from ..protocol import SamplingParams, StructuredOutputsParams, validation
 from ..text.chat_template import ROLES
 from ..text.request import TextRequest
+from .chat_format import ChatFormat
 from .errors import ApiError, error_for
 from .fields import check_fields
-from .formats import ChatFormat, CompletionFormat, Format
+from .formats import CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
 

@@ -40,6 +40,7 @@ from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_o
 from ..text.request import TextRequest, check_text_request
 from ..text.stream import TextStream
 from . import requests
+from .chat_format import ChatFormat
 from .errors import ApiError, error_body, validation_error
 from .formats import Format, sse_event, usage
 from .models import ChatCompletionRequest, CompletionRequest
@@ -157,6 +158,8 @@ class Serving:
         continuous = include_usage and stream_options is not None \
             and stream_options.continuous_usage_stats
         fmt = found.format(model or self.model_name, decode)
+        if isinstance(fmt, ChatFormat) and self.tool_serving.reasoning is not None:
+            fmt.count_reasoning(tokenizer.token_id)
         fmt.stamp(self.fingerprint(), include_usage=include_usage)
         return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage,
                     continuous_usage=continuous)
@@ -306,10 +309,14 @@ async def serve_stream(generation: Generation,
     # prompt of that choice, the tokens of that choice up to and with this chunk's).
     counted: list[int] | None = [0] * len(streams) if plan.continuous_usage else None
     prompts = [len(s.prompt_token_ids) for s in streams]
+    # Each choice's reasoning tokens, if the usage shows them (a reasoning parser served).
+    made = [fmt.reasoning_counter() for _ in streams]
+    counters = [c for c in made if c is not None] if all(made) else None
     first_chunks = fmt.first_chunks(len(streams))
     if counted is not None:
         for chunk in first_chunks:
-            chunk["usage"] = usage(prompts[chunk["choices"][0]["index"]], 0)
+            chunk["usage"] = usage(prompts[chunk["choices"][0]["index"]], 0,
+                                   None if counters is None else 0)
     # The role chunks (and chat echo) go out with the first output, as vLLM sends them (its
     # first iteration): an engine that fails before any output gets the error event first,
     # and the first chunk measures the time to the first token.
@@ -324,11 +331,12 @@ async def serve_stream(generation: Generation,
                 await send(chunks)
             out, failure = _with_buffered(stream, out)
             completion += len(out.token_ids)
+            thought = None if counters is None else counters[i].feed(out.token_ids)
             if counted is None:
                 event = fmt.event(out, i)
             else:
                 counted[i] += len(out.token_ids)
-                event = fmt.event(out, i, usage=usage(prompts[i], counted[i]))
+                event = fmt.event(out, i, usage=usage(prompts[i], counted[i], thought))
             if event is not None:
                 await send(event)
             if failure is not None:
@@ -343,4 +351,5 @@ async def serve_stream(generation: Generation,
     await generation.aclose()
     if not plan.include_usage:
         return DONE
-    return sse_event(fmt.usage_chunk(fmt.prompt_tokens(prompts), completion)) + DONE
+    thought = None if counters is None else sum(counter.count for counter in counters)
+    return sse_event(fmt.usage_chunk(fmt.prompt_tokens(prompts), completion, thought)) + DONE

@@ -9,7 +9,7 @@ them (docs/server.md, "Tool calls and reasoning").
   template, the JSON schema the engine must hold the output to (``required``, a named
   function), and the :class:`ChatParsing` its output goes through;
 * :class:`ChatParsing`: one request's parsing, used by
-  :class:`~anyio_genout.server.formats.ChatFormat` for the whole message and each
+  :class:`~anyio_genout.server.chat_format.ChatFormat` for the whole message and each
   streamed delta.
 """
 

@@ -231,6 +231,11 @@ class Tokenizer:
                                               )[0].ids
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` as one token of the vocabulary (added tokens too), or None."""
+        found: int | None = self._backend.token_to_id(token)
+        return found
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """The text of ``token_ids`` (ids the tokenizer does not know give no text).
 

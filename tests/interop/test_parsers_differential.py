@@ -10,10 +10,11 @@ vocabulary has the markers) and through ours (:class:`anyio_genout.parsers.Outpu
 
 Compared: reasoning, content and the calls (names; arguments as JSON values, and as text
 for whole outputs), whole and streamed (the stream's accumulated result; the ids only for
-being there, once per call). Every difference must be one of the named corners, where
-vLLM is wrong (docs/server.md, "Tool calls and reasoning"); the counts are printed. Needs
-vLLM importable (the interop venv's python: ``python -m pytest
-tests/interop/test_parsers_differential.py -s``, or ``nox -s interop``).
+being there, once per call); with a reasoning parser, the usage's reasoning token count
+(vLLM's ``count_reasoning_tokens``; ours fed token by token). Every difference must be
+one of the named corners, where vLLM is wrong (docs/server.md, "Tool calls and
+reasoning"); the counts are printed. Needs vLLM importable (the interop venv's python:
+``python -m pytest tests/interop/test_parsers_differential.py -s``, or ``nox -s interop``).
 """
 
 from __future__ import annotations
@@ -213,8 +214,9 @@ def _stream_corners(out: Output, theirs: Result, ours: Result, whole: Result) ->
             for t, o in zip(theirs[2], ours[2], strict=False)):
         corners.append("S5 vLLM's stream leaves arguments unfinished (not JSON) that its "
                        "whole reading has")
-    if "</tool_call>\n" in out.text and theirs[1] != whole[1] \
-            and (ours[1] or "") == (theirs[1] or "").rstrip("\n"):
+    mine, extra = ours[1] or "", theirs[1] or ""
+    if "</tool_call>\n" in out.text and theirs[1] != whole[1] and extra.startswith(mine) \
+            and not extra[len(mine):].strip("\n"):  # theirs: ours, then the new lines
         corners.append("S7 new lines between the calls (qwen3_xml): vLLM's stream sends them "
                        "as content, its whole reading drops them")
     if theirs[1] is None and ours[1] is not None and not ours[1].strip():
@@ -279,6 +281,18 @@ def test_parsers_equal_vllm_except_in_its_wrong_corners(
             counts.update(f"streamed: {c}" for c in corners)
         if not {"truncated", "text after calls"} & set(out.kinds):
             assert _semantic(our_whole)[2] == our_stream[2], "our stream's calls == our whole's"
+        if reasoning is not None:  # the usage's reasoning tokens: vLLM's count, fed as streamed
+            ids = [TOKENIZER.id(t) for t in tokens]
+            theirs = ParserManager.get_parser(
+                tool_parser_name=_name(tools), reasoning_parser_name=reasoning,
+                enable_auto_tools=True)(TOKENIZER, None).count_reasoning_tokens(ids)
+            counter = reasoning_parser_class(reasoning)().token_counter(
+                TOKENIZER.convert_tokens_to_ids)
+            assert counter is not None
+            for token in ids:
+                counter.feed([token])
+            assert counter.count == theirs, f"reasoning tokens\n{out}\nvLLM {theirs}"
+            counts["reasoning tokens: equal"] += 1
 
     differential()
     with capsys.disabled():

@@ -9,7 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from anyio_genout.generate import FinishReason
-from anyio_genout.server.formats import ChatFormat, CompletionFormat, Format, sse_event
+from anyio_genout.server.chat_format import ChatFormat
+from anyio_genout.server.formats import CompletionFormat, Format, sse_event
 from anyio_genout.text.output import TextOutput
 
 # Text the text layer can produce: any characters but lone surrogates.

@@ -51,15 +51,17 @@ class TextSetup:
 
 
 @asynccontextmanager
-async def text_client(**mock: Any) -> AsyncIterator[TextSetup]:
-    """A :class:`TextClient` (shipped tokenizer) over one corpus-mode mock engine.
+async def text_client(*, text_tokenizer: Tokenizer | None = None,
+                      **mock: Any) -> AsyncIterator[TextSetup]:
+    """A :class:`TextClient` (``text_tokenizer``, else the shipped one) over one
+    corpus-mode mock engine.
 
     The mock's model never emits EOS on its own (``eos_token_id`` unset) unless ``mock``
     says otherwise, so the tests choose how requests end."""
     config = {"corpus_token_ids": corpus(), "vocab_size": 32000, **mock}
     async with generate_client(mock=config, vocab_size=config["vocab_size"]) as (client,
                                                                                cluster):
-        yield TextSetup(TextClient(client, tokenizer()), cluster)
+        yield TextSetup(TextClient(client, text_tokenizer or tokenizer()), cluster)
 
 
 def added(engine: MockEngine) -> list[AddRequest]:
