@@ -128,10 +128,10 @@ def _template_line(exc: BaseException) -> int | None:
 
 def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
                          add_generation_prompt: bool, variables: Mapping[str, Any],
-                         max_chars: int | None = None) -> str:
+                         max_chars: int | None = None, seconds: float | None = None) -> str:
     """Render ``source`` with ``messages`` (already normalised) and template ``variables``,
-    within the budget (:data:`RENDER_BUDGET`; ``max_chars`` characters of output, default
-    :data:`MAX_RENDERED_CHARS`).
+    within the budget (``seconds``, default :data:`RENDER_BUDGET`; ``max_chars`` characters
+    of output, default :data:`MAX_RENDERED_CHARS`).
 
     ``variables`` are what transformers passes besides the messages: the special tokens
     (``bos_token``, ...) and the caller's extra keyword arguments; ``tools`` and
@@ -153,7 +153,8 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
                "add_generation_prompt": add_generation_prompt}
     limit = MAX_RENDERED_CHARS if max_chars is None else min(max_chars, MAX_RENDERED_CHARS)
     try:
-        with budget(RENDER_BUDGET, limit, MAX_RENDERED_CHARS) as check_output:
+        with budget(RENDER_BUDGET if seconds is None else seconds, limit,
+                    MAX_RENDERED_CHARS) as check_output:
             parts = []
             size = 0
             for chunk in template.generate(context):

@@ -5,7 +5,11 @@ template is a program; 1 MiB of text takes 1-2 s to encode): on the event loop t
 stall every other request, ``/health`` included. :class:`Offload` runs them in worker
 threads, a few at a time (one :class:`anyio.CapacityLimiter` each), so a slow one delays only
 its own request. A text of at most :data:`ENCODE_INLINE_CHARS` characters is encoded inline:
-the thread hop (55-110 µs) costs more than encoding it.
+the thread hop (55-110 µs) costs more than encoding it. The model's own template over
+messages of at most :data:`RENDER_INLINE_CHARS` characters is first rendered inline within
+:data:`RENDER_INLINE_SECONDS`, and only one that runs past that is rendered again in the
+worker thread: the hop, and the GIL the worker then holds against the event loop, cost a
+short chat more than its rendering does.
 
 Before any of that, :func:`check_prompt_chars` refuses a text that cannot fit the context
 whatever it encodes to (longer than ``(max_model_len - 1) * max_chars_per_token``
@@ -16,7 +20,7 @@ same bound while it renders.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar, final
 
 import anyio
@@ -29,8 +33,9 @@ from .tokenizer import Tokenizer
 
 T = TypeVar("T")
 
-__all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS",
-           "Offload", "check_prompt_chars", "max_prompt_chars", "truncation_length"]
+__all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
+           "RENDER_INLINE_SECONDS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS", "Offload",
+           "check_prompt_chars", "max_prompt_chars", "truncation_length"]
 
 #: Texts up to this many characters are encoded on the event loop (about 130 µs at most).
 ENCODE_INLINE_CHARS: Final = 256
@@ -40,6 +45,11 @@ ENCODE_THREADS: Final = 4
 #: GIL: a second thread would add no throughput, only another contender the event loop
 #: waits behind for the GIL.
 RENDER_THREADS: Final = 1
+#: Messages of at most this many characters (their strings, the texts of their parts) are
+#: rendered inline first, with the model's own template (not a request's), within
+#: RENDER_INLINE_SECONDS: the event loop is held that long at most.
+RENDER_INLINE_CHARS: Final = 8192
+RENDER_INLINE_SECONDS: Final = 0.002
 
 
 def max_prompt_chars(max_model_len: int, max_chars_per_token: int) -> int:
@@ -159,20 +169,54 @@ class Offload:
 
     async def render(self, messages: Any, *, add_generation_prompt: bool, max_chars: int,
                      template_kwargs: dict[str, Any]) -> str:
-        """``tokenizer.apply_chat_template(...)`` in a worker thread, its output held to
-        ``max_chars`` characters.
+        """``tokenizer.apply_chat_template(...)``, its output held to ``max_chars``
+        characters: inline if it is short (see the module docstring), else in a worker
+        thread. ``template_kwargs``: the template's variables (``chat_template``: the
+        request's own template).
 
         Raises:
             ChatTemplateError, InvalidRequestError: what
                 :meth:`Tokenizer.apply_chat_template` raises (a ``RenderLimitError`` when
                 the template went past its budget or ``max_chars``).
         """
-        if self._rendering is None:
-            self._rendering = anyio.CapacityLimiter(RENDER_THREADS)
+        variables = dict(template_kwargs)
+        chat_template = variables.pop("chat_template", None)
         call = functools.partial(self._tokenizer.apply_chat_template, messages,
                                  add_generation_prompt=add_generation_prompt,
-                                 max_chars=max_chars, **template_kwargs)
+                                 chat_template=chat_template, max_chars=max_chars,
+                                 variables=variables)
+        if chat_template is None and _chars_within(messages, RENDER_INLINE_CHARS):
+            try:
+                return call(max_seconds=RENDER_INLINE_SECONDS)
+            except RenderLimitError as exc:
+                if exc.kind != "time":
+                    raise
+        if self._rendering is None:
+            self._rendering = anyio.CapacityLimiter(RENDER_THREADS)
         return await anyio.to_thread.run_sync(call, limiter=self._rendering)
+
+
+def _chars_within(value: Any, limit: int) -> bool:
+    """Whether the strings in ``value`` (messages: mappings, lists and strings; anything
+    else counts as one character) have at most ``limit`` characters together; stops
+    counting past it."""
+    left = limit
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            left -= len(item)
+        elif isinstance(item, Mapping):
+            todo.extend(item.values())
+            left -= len(item)
+        elif isinstance(item, list | tuple):
+            todo.extend(item)
+            left -= 1
+        else:
+            left -= 1
+        if left < 0:
+            return False
+    return True
 
 
 async def encode_request(offload: Offload, tokenizer: Tokenizer, request: TextRequest, *,

@@ -316,14 +316,18 @@ class Tokenizer:
                             add_generation_prompt: bool = True,
                             chat_template: str | None = None,
                             max_chars: int | None = None,
+                            max_seconds: float | None = None,
+                            variables: Mapping[str, Any] | None = None,
                             **template_kwargs: Any) -> str:
         """The prompt text of ``messages`` rendered with the folder's chat template (or
         ``chat_template``: a template's name or source), as
         ``transformers``' ``apply_chat_template(..., tokenize=False)`` renders it. The
         template variables are the messages, ``add_generation_prompt``, the named special
         tokens (``bos_token``, ``eos_token``, ...), ``tools``/``documents`` (None) and
-        ``template_kwargs``. Encode the result with ``add_special_tokens=False``: the
-        template places bos itself.
+        ``template_kwargs``, and ``variables`` (the same, under any name: a request's
+        ``chat_template_kwargs`` may use this method's own parameter names). Encode the
+        result with ``add_special_tokens=False``: the template places bos itself.
+        ``max_seconds``: the rendering's time budget (default ``RENDER_BUDGET``, 1 s).
 
         Raises:
             ChatTemplateError: there is no template, or it fails to parse or raises while
@@ -332,11 +336,12 @@ class Tokenizer:
             InvalidRequestError: ``messages`` is malformed (names the field, e.g.
                 ``messages[1].role``).
         """
-        source = self._template(chat_template, template_kwargs.get("tools"))
-        variables = {**self._special_map, **template_kwargs}
+        given = {**(variables or {}), **template_kwargs}
+        source = self._template(chat_template, given.get("tools"))
         return render_chat_template(source, chat_messages(messages),
                                     add_generation_prompt=add_generation_prompt,
-                                    variables=variables, max_chars=max_chars)
+                                    variables={**self._special_map, **given},
+                                    max_chars=max_chars, seconds=max_seconds)
 
     def _template(self, chat_template: str | None, tools: object) -> str:
         named = self._named_templates

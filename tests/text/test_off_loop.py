@@ -6,14 +6,18 @@ keeps running."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
 
 from anyio_genout import ChatTemplateError, InvalidRequestError, SamplingParams, TextRequest
+from anyio_genout.text.offload import RENDER_INLINE_CHARS
+from anyio_genout.text.tokenizer import Tokenizer
 from tests.text.client_support import added, text_client, tokenizer
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +44,8 @@ async def _ticker() -> AsyncIterator[list[float]]:
         tg.start_soon(tick)
         await anyio.sleep(0.02)
         yield worst
+        # Let it wake once more: a block that ended just now is a gap it has not seen yet.
+        await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
 
 
@@ -100,3 +106,49 @@ async def test_a_runaway_template_stops_at_its_budget_off_the_loop() -> None:
         assert took < 3.0
         assert worst[0] < 0.3, f"another task waited {worst[0]:.2f} s"
         assert added(setup.engine) == []
+
+
+#: About a third of a second of rendering (2M loop steps), well within the 1 s budget.
+SLOW = ("{% for i in range(200) %}{% for j in range(10000) %}{% endfor %}{% endfor %}"
+        "{{ messages[0]['content'] }}")
+
+
+def _with_own_template(folder: Path, template: str) -> Tokenizer:
+    """The shipped tokenizer with ``template`` as the model's own chat template."""
+    shutil.copytree(Path(tokenizer().model_dir or ""), folder, dirs_exist_ok=True)
+    (folder / "chat_template.jinja").write_text(template)
+    return Tokenizer.from_model_dir(folder)
+
+
+async def test_the_models_own_slow_template_leaves_the_loop_after_its_inline_try(
+        tmp_path: Path) -> None:
+    """A short chat is rendered inline first (no thread hop, no GIL held against the loop
+    by a worker), within RENDER_INLINE_SECONDS: a template that takes longer is stopped
+    there and rendered again in the worker thread, so the loop is held about 2 ms, not the
+    whole rendering."""
+    slow = _with_own_template(tmp_path / "slow", SLOW)
+    async with text_client(text_tokenizer=slow) as setup:
+        request = TextRequest(messages=[{"role": "user", "content": "hi"}])
+        async with _ticker() as worst:
+            start = time.perf_counter()
+            text, ids = await setup.text.encode(request)
+            took = time.perf_counter() - start
+        assert text == "hi" and ids == slow.encode("hi", add_special_tokens=False)
+        assert took > 0.1  # it did render the slow template, whole
+        assert worst[0] < max(0.1, took / 3), \
+            f"another task waited {worst[0]:.3f} s (rendering took {took:.3f} s)"
+
+
+async def test_template_variables_may_have_any_name(tmp_path: Path) -> None:
+    """``chat_template_kwargs`` reach the template under any name, the rendering's own
+    parameter names too (``max_chars`` was a TypeError, a 500 from the server)."""
+    own = _with_own_template(
+        tmp_path / "echo", "{{ max_chars }}|{{ max_seconds }}|{{ variables }}|{{ tools }}")
+    async with text_client(text_tokenizer=own) as setup:
+        for inline in (True, False):  # short messages render inline; long ones in a thread
+            content = "hi" if inline else "x" * (RENDER_INLINE_CHARS + 1)
+            request = TextRequest(messages=[{"role": "user", "content": content}],
+                                  chat_template_kwargs={"max_chars": 5, "max_seconds": "s",
+                                                        "variables": "v", "tools": "t"})
+            text, _ = await setup.text.encode(request)
+            assert text == "5|s|v|t"
