@@ -309,6 +309,15 @@ HOSTILE: list[tuple[str, bytes, str | None]] = [
     ("/v1/chat/completions", ("{" + _CHAT + ',"top_logprobs":3}').encode(), "application/json"),
     ("/v1/chat/completions", ("{" + _CHAT + ',"chat_template_kwargs":{"messages":1}}').encode(),
      "application/json"),
+    # Template variables named as the rendering's own parameters (max_chars was a 500).
+    *[(path, ("{" + _CHAT + f',"chat_template_kwargs":{kwargs}' + extra + "}").encode(),
+       "application/json")
+      for path in ("/v1/chat/completions", "/tokenize")
+      for extra in ("", ',"stream":true,"max_tokens":2')
+      for kwargs in ('{"max_chars":5,"max_seconds":-1,"variables":7}',
+                     '{"chat_template":5}', '{"tools":5,"documents":{"a":1}}',
+                     '{"add_generation_prompt":"x","continue_final_message":3}')
+      if not (path == "/tokenize" and extra)],
     ("/v1/chat/completions", ("{" + _CHAT + ',"stream":true,"max_tokens":3,'
                               '"stream_options":{"include_usage":true}}').encode(),
      "application/json"),
