@@ -75,6 +75,12 @@ def _structured(body: CompletionRequest | ChatCompletionRequest
         raise ApiError(400, "invalid request: structured_outputs: give either "
                        "response_format or structured_outputs, not both", "structured_outputs")
     if extension is not None:
+        known = {field.name for field in attrs.fields(StructuredOutputsParams)}
+        unknown = sorted(str(key) for key in extension if key not in known)
+        if unknown:
+            raise ApiError(400, f"invalid request: structured_outputs.{unknown[0]}: not a "
+                           f"field of structured_outputs (its fields: {', '.join(sorted(known))})",
+                           f"structured_outputs.{unknown[0]}")
         try:
             return StructuredOutputsParams(**extension)
         except TypeError as exc:

@@ -237,8 +237,9 @@ async def test_invalid_structured_outputs_are_400_naming_the_field() -> None:
                                                      max_tokens=2, extra_body=extra)
             refused.append(_param(bad.value))
         assert added(s.setup.engine) == []
-    assert refused == ["structured_outputs.json", "structured_outputs", "structured_outputs",
-                       "response_format.json_schema", "response_format.type"]
+    assert refused == ["structured_outputs.json", "structured_outputs.bogus",
+                       "structured_outputs", "response_format.json_schema",
+                       "response_format.type"]
 
 
 async def test_a_lone_surrogate_is_400_naming_where_it_is() -> None:
