@@ -10,6 +10,7 @@ when vLLM has a field this table does not name.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any, Final, Literal
@@ -166,9 +167,11 @@ RESPONSE_FIELDS: Final[Mapping[str, str]] = {
 }
 
 
-def _route_fields(chat: bool) -> set[str]:
+@functools.cache
+def _route_fields(chat: bool) -> frozenset[str]:
+    """The fields of one route (made once: every request checks against it)."""
     other = COMPLETION_ONLY if chat else CHAT_ONLY
-    return {name for name in REQUEST_FIELDS if name not in other}
+    return frozenset(name for name in REQUEST_FIELDS if name not in other)
 
 
 def counts() -> dict[str, int]:
