@@ -131,7 +131,8 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              tool_call_parser=args.tool_call_parser,
                              reasoning_parser=args.reasoning_parser,
                              fingerprint_mode=args.fingerprint_mode,
-                             fingerprint_value=args.fingerprint_value)
+                             fingerprint_value=args.fingerprint_value,
+                             stream_interval=args.stream_interval)
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if args.allowed_origins:  # outermost: a preflight needs no key (as vLLM)
                 from starlette.middleware.cors import CORSMiddleware

@@ -86,6 +86,10 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
                             "starts (default: 20, vLLM's)")
+    group.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                       help="a streamed chunk holds at least N tokens (the first tokens and "
+                            "the end go at once), or a request's stream_interval if larger, "
+                            "as vLLM's (default: %(default)s, every token as it comes)")
     add_fingerprint_options(parser)
     add_tool_options(parser)
 
@@ -162,6 +166,8 @@ def check_vllm_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--max-logprobs must be -1 or more, got {args.max_logprobs}")
         if args.vllm_model:
             engine_flags = [*engine_flags, f"--max-logprobs={args.max_logprobs}"]
+    if args.stream_interval < 1:
+        raise UsageError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if args.reasoning_parser in REASONING_PARSERS and args.vllm_model:
         # vLLM's own flag too: the engine's structured outputs wait for the reasoning's end
         engine_flags = [*engine_flags, f"--reasoning-parser={args.reasoning_parser}"]

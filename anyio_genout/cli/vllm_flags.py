@@ -5,7 +5,8 @@ positional model) and otherwise refused with one line saying to give it to the e
 (``vllm serve --headless ...``). The lists are static (derived from
 ``AsyncEngineArgs.add_cli_args`` of vLLM 0.32.0, less the flags the front end handles
 itself: the data-parallel address, port and size, ``--served-model-name``, ``--model``,
-``--max-logprobs``, ``--shutdown-timeout``, the drain of ``serve`` itself);
+``--max-logprobs``, ``--shutdown-timeout``, ``--stream-interval``, the drain of ``serve``
+itself);
 tests/interop/test_vllm_flags.py checks them against vLLM's parser.
 """
 
@@ -64,7 +65,7 @@ ENGINE_FLAGS: Final[frozenset[str]] = frozenset((
     "safetensors-prefetch-num-threads", "scheduler-cls", "scheduling-policy", "seed",
     "show-hidden-metrics-for-version", "sleep-preserve-parameter-names",
     "sparse-indexer-topk-backend", "spec-method", "spec-model", "spec-tokens",
-    "speculative-config", "stream-interval", "structured-outputs-config",
+    "speculative-config", "structured-outputs-config",
     "tensor-parallel-size", "tokenizer", "tokenizer-mode", "tokenizer-revision", "ubatch-size",
     "video-pruning-method", "video-pruning-rate", "watermark", "watermark-config",
     "weight-transfer-config", "worker-cls", "worker-extension-cls",

@@ -66,7 +66,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                reasoning_parser: str | None = None,
                fingerprint_mode: FingerprintMode = "full",
-               fingerprint_value: str | None = None) -> FastAPI:
+               fingerprint_value: str | None = None, stream_interval: int = 1) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -88,6 +88,9 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     held to vLLM's JSON schema and need neither.
     Responses carry a ``system_fingerprint`` as vLLM's ``--fingerprint-mode`` and
     ``--fingerprint-value`` choose it (:mod:`.fingerprint`; ``"none"``: none).
+    A streamed chunk holds at least ``stream_interval`` tokens (or a request's own
+    ``stream_interval`` if larger; the first tokens and the end at once), as vLLM's
+    ``--stream-interval``.
     Serve it with any ASGI server; ``anyio-genout serve`` uses uvicorn (asyncio) or
     Hypercorn (trio).
     See docs/server.md.
@@ -96,6 +99,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         InvalidRequestError: an unknown parser name, or ``enable_auto_tool_choice``
             without ``tool_call_parser``; an unknown ``fingerprint_mode``, or
             ``fingerprint_value`` without mode ``"custom"`` (or that mode without it).
+        ValueError: ``stream_interval`` below 1.
     """
 
     check_api_key(api_key, api_key_scope)
@@ -103,7 +107,10 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     tool_serving = ToolServing.from_names(tool_call_parser, reasoning_parser,
                                           enable_auto_tool_choice=enable_auto_tool_choice)
 
+    if stream_interval < 1:
+        raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
     serving = Serving(text_client=text_client, model_name=model_name, max_n=max_n,
+                      stream_interval=stream_interval,
                       trust_request_chat_template=trust_request_chat_template,
                       tool_serving=tool_serving,
                       fingerprint=functools.cache(functools.partial(  # once, when first used

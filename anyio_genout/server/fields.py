@@ -72,7 +72,8 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "parallel_tool_calls": (_I, "false keeps the first tool call only (and required's "
                             "schema allows one)"),
     "include_reasoning": (_I, "false drops the reasoning (and the logprobs) as vLLM does"),
-    "stream_interval": (_G, "a delivery pacing hint; every token is sent as it comes"),
+    "stream_interval": (_I, "at least this many tokens a streamed chunk (the first and the "
+                        "last at once), the larger of it and --stream-interval, as vLLM"),
     "mm_payload": (_G, "only for multimodal outputs, which a text model has none of"),
     "routed_experts_prompt_start": (_G, "only with routed experts capture, not served"),
     "length_penalty": (_G, "beam search only; use_beam_search is refused"),

@@ -55,6 +55,8 @@ class _Sampling(_Body):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    #: Tokens per streamed chunk at least (the first and the last at once), as vLLM's.
+    stream_interval: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1)
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

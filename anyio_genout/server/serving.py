@@ -115,6 +115,8 @@ class Plan:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    #: Tokens a streamed chunk holds at least (vLLM's stream interval; see serve_stream).
+    stream_interval: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +133,8 @@ class Serving:
     trust_request_chat_template: bool = False
     tool_serving: ToolServing = attrs.field(factory=ToolServing)
     fingerprint: Callable[[], str | None] = attrs.field(default=lambda: None)
+    #: vLLM's ``--stream-interval``: the least a request's ``stream_interval`` is taken as.
+    stream_interval: int = 1
 
     def check_model(self, model: str | None) -> None:
         """Raises ApiError (404) if ``model`` is given and is not the one served."""
@@ -162,7 +166,8 @@ class Serving:
             fmt.count_reasoning(tokenizer.token_id)
         fmt.stamp(self.fingerprint(), include_usage=include_usage)
         return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage,
-                    continuous_usage=continuous)
+                    continuous_usage=continuous,
+                    stream_interval=max(body.stream_interval or 1, self.stream_interval))
 
 
 class Generation:
@@ -323,24 +328,45 @@ async def serve_stream(generation: Generation,
     # One write for all of them, so no choice's text can come between.
     first = b"".join(sse_event(chunk) for chunk in first_chunks)
 
+    interval = plan.stream_interval
+
     async def relay(i: int, stream: TextStream) -> None:
         nonlocal completion, first
+        held: list[TextOutput] = []  # outputs a stream interval holds back
+        sent = 0  # tokens sent
         async for out in stream:
             if first:
                 chunks, first = first, b""
                 await send(chunks)
             out, failure = _with_buffered(stream, out)
-            completion += len(out.token_ids)
-            thought = None if counters is None else counters[i].feed(out.token_ids)
-            if counted is None:
-                event = fmt.event(out, i)
-            else:
-                counted[i] += len(out.token_ids)
-                event = fmt.event(out, i, usage=usage(prompts[i], counted[i], thought))
-            if event is not None:
-                await send(event)
+            if interval > 1:
+                # vLLM's rule (its OutputProcessor): the first tokens at once, then a chunk
+                # once `interval` tokens are held, and the end (or an error) at once.
+                held.append(out)
+                count = sum(len(o.token_ids) for o in held)
+                if sent and count < interval and out.finish_reason is None \
+                        and failure is None:
+                    continue
+                out, held = merge_outputs(held), []
+                sent += count
+            await deliver(i, out)
             if failure is not None:
                 raise failure
+        if held:  # the stream ended without a finish (closed meanwhile)
+            await deliver(i, merge_outputs(held))
+
+    async def deliver(i: int, out: TextOutput) -> None:
+        """Send choice ``i``'s ``out`` as its event (with its usage so far, if asked)."""
+        nonlocal completion
+        completion += len(out.token_ids)
+        thought = None if counters is None else counters[i].feed(out.token_ids)
+        if counted is None:
+            event = fmt.event(out, i)
+        else:
+            counted[i] += len(out.token_ids)
+            event = fmt.event(out, i, usage=usage(prompts[i], counted[i], thought))
+        if event is not None:
+            await send(event)
 
     try:
         await _each(streams, relay)

@@ -71,6 +71,7 @@ COMPLETIONS: list[tuple[str, dict[str, Any]]] = [
     ("echo", {"echo": True}),
     ("echo_logprobs", {"echo": True, "logprobs": 1}),
     ("logit_bias", {"logit_bias": {"139": -100, "7": -100}}),
+    ("stream_interval", {"stream_interval": 3, "max_tokens": 10}),
     ("allowed_token_ids", {"allowed_token_ids": [5, 9, 44, 300], "max_tokens": 6}),
     ("add_special_tokens_false", {"add_special_tokens": False}),
     ("skip_special_tokens_false", {"skip_special_tokens": False,
