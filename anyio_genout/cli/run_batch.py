@@ -201,10 +201,15 @@ class BatchRunner:
                                          mode=cast("FingerprintMode", fingerprint_mode),
                                          value=fingerprint_value)
         # The model is each body's (given, or run's --model): batch lines do not check it.
+        from ..server.generation_defaults import generation_defaults
+
+        # The model folder's sampling defaults, as vllm run-batch applies them.
+        defaults = generation_defaults("auto", text_client.tokenizer.model_dir)
         self._server = self._serving.Serving(text_client=text_client, model_name="",
                                              max_n=app.MAX_N,
                                              tool_serving=_tool_serving(tool_flags),
-                                             fingerprint=lambda: fingerprint)
+                                             fingerprint=lambda: fingerprint,
+                                             sampling_defaults=defaults)
 
     async def run(self, item: BatchItem) -> tuple[dict[str, Any], str | None, int]:
         """The output line, the failure (None if it succeeded) and the tokens generated."""

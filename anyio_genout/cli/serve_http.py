@@ -88,6 +88,7 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
     the engines down): the command then exits 1.
     """
     from ..server import create_app
+    from ..server.generation_defaults import generation_defaults
 
     server = http_server(choose_http_server(args), args, http_fd)
     lifecycle = Lifecycle(server, args.shutdown_timeout)
@@ -132,7 +133,10 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                              reasoning_parser=args.reasoning_parser,
                              fingerprint_mode=args.fingerprint_mode,
                              fingerprint_value=args.fingerprint_value,
-                             stream_interval=args.stream_interval)
+                             stream_interval=args.stream_interval,
+                             sampling_defaults=generation_defaults(
+                                 args.generation_config, tokenizer.model_dir,
+                                 args.override_generation_config))
             app.state.lifecycle = lifecycle  # /health answers 503 while draining
             if args.allowed_origins:  # outermost: a preflight needs no key (as vLLM)
                 from starlette.middleware.cors import CORSMiddleware

@@ -86,6 +86,15 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
                             "starts (default: 20, vLLM's)")
+    group.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                       help="where a request's unset sampling fields (temperature, top_p, "
+                            "top_k, min_p, the penalties; max_tokens from max_new_tokens) "
+                            "take their defaults, as vLLM's: the model folder's "
+                            "generation_config.json (auto), none (vllm), or DIR's "
+                            "(default: %(default)s)")
+    group.add_argument("--override-generation-config", metavar="JSON",
+                       help="a JSON object laid over the generation config, as vLLM's "
+                            "(e.g. '{\"temperature\": 0.5}'; default: none)")
     group.add_argument("--stream-interval", type=int, default=1, metavar="N",
                        help="a streamed chunk holds at least N tokens (the first tokens and "
                             "the end go at once), or a request's stream_interval if larger, "
@@ -168,6 +177,15 @@ def check_vllm_args(args: argparse.Namespace) -> None:
             engine_flags = [*engine_flags, f"--max-logprobs={args.max_logprobs}"]
     if args.stream_interval < 1:
         raise UsageError(f"--stream-interval must be at least 1, got {args.stream_interval}")
+    if isinstance(args.override_generation_config, str):
+        try:
+            override = json.loads(args.override_generation_config)
+        except ValueError:
+            override = None
+        if not isinstance(override, dict):
+            raise UsageError("--override-generation-config must be a JSON object, got "
+                             f"{args.override_generation_config!r}")
+        args.override_generation_config = override
     if args.reasoning_parser in REASONING_PARSERS and args.vllm_model:
         # vLLM's own flag too: the engine's structured outputs wait for the reasoning's end
         engine_flags = [*engine_flags, f"--reasoning-parser={args.reasoning_parser}"]

@@ -5,8 +5,8 @@ positional model) and otherwise refused with one line saying to give it to the e
 (``vllm serve --headless ...``). The lists are static (derived from
 ``AsyncEngineArgs.add_cli_args`` of vLLM 0.32.0, less the flags the front end handles
 itself: the data-parallel address, port and size, ``--served-model-name``, ``--model``,
-``--max-logprobs``, ``--shutdown-timeout``, ``--stream-interval``, the drain of ``serve``
-itself);
+``--max-logprobs``, ``--shutdown-timeout``, ``--stream-interval``, ``--generation-config``,
+``--override-generation-config``, the drain of ``serve`` itself);
 tests/interop/test_vllm_flags.py checks them against vLLM's parser.
 """
 
@@ -32,7 +32,7 @@ ENGINE_FLAGS: Final[frozenset[str]] = frozenset((
     "distributed-executor-backend", "distributed-timeout-seconds", "download-dir",
     "dp-sync-interval", "dtype", "ec-manager-config", "ec-transfer-config",
     "elastic-ep-max-dp-size", "engram-config", "eplb-config", "expert-placement-strategy",
-    "fault-tolerance-config", "gdn-prefill-backend", "generation-config",
+    "fault-tolerance-config", "gdn-prefill-backend",
     "gpu-memory-utilization", "hf-config-path", "hf-overrides", "hf-token", "ignore-patterns",
     "io-processor-plugin", "ir-op-priority", "jit-monitor-mode", "kda-decode-backend",
     "kda-prefill-backend", "kernel-config", "kv-cache-dtype", "kv-cache-dtype-skip-layers",
@@ -55,7 +55,7 @@ ENGINE_FLAGS: Final[frozenset[str]] = frozenset((
     "moe-backend", "nnodes", "node-rank", "num-gpu-blocks-override", "numa-bind-cpus",
     "numa-bind-nodes", "offload-backend", "offload-group-size", "offload-num-in-group",
     "offload-params", "offload-prefetch-step", "optimization-level", "otlp-traces-endpoint",
-    "override-generation-config", "per-request-spec-decode-metrics", "performance-mode",
+    "per-request-spec-decode-metrics", "performance-mode",
     "pipeline-parallel-size", "pooler-config", "prefill-context-parallel-size",
     "prefill-schedule-interval", "prefix-cache-retention-interval", "prefix-caching-hash-algo",
     "prefix-match-unit", "profiler-config", "pt-load-map-location", "quantization",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -66,7 +67,8 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                enable_auto_tool_choice: bool = False, tool_call_parser: str | None = None,
                reasoning_parser: str | None = None,
                fingerprint_mode: FingerprintMode = "full",
-               fingerprint_value: str | None = None, stream_interval: int = 1) -> FastAPI:
+               fingerprint_value: str | None = None, stream_interval: int = 1,
+               sampling_defaults: Mapping[str, Any] | None = None) -> FastAPI:
     """The OpenAI-compatible server's ASGI application (FastAPI) over ``text_client``.
 
     ``model_name`` is the one model ``/v1/models`` lists and requests may name (another
@@ -90,7 +92,9 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     ``--fingerprint-value`` choose it (:mod:`.fingerprint`; ``"none"``: none).
     A streamed chunk holds at least ``stream_interval`` tokens (or a request's own
     ``stream_interval`` if larger; the first tokens and the end at once), as vLLM's
-    ``--stream-interval``.
+    ``--stream-interval``. ``sampling_defaults`` (see :mod:`.generation_defaults`, e.g.
+    ``generation_defaults("auto", tokenizer.model_dir)``, what ``serve`` passes) fill the
+    sampling fields a request leaves unset, as vLLM's ``--generation-config`` does.
     Serve it with any ASGI server; ``anyio-genout serve`` uses uvicorn (asyncio) or
     Hypercorn (trio).
     See docs/server.md.
@@ -111,6 +115,7 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
     serving = Serving(text_client=text_client, model_name=model_name, max_n=max_n,
                       stream_interval=stream_interval,
+                      sampling_defaults=dict(sampling_defaults or {}),
                       trust_request_chat_template=trust_request_chat_template,
                       tool_serving=tool_serving,
                       fingerprint=functools.cache(functools.partial(  # once, when first used

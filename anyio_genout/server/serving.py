@@ -25,7 +25,7 @@ functions: no async generator straddles them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any, Final, Self
@@ -43,6 +43,7 @@ from . import requests
 from .chat_format import ChatFormat
 from .errors import ApiError, error_body, validation_error
 from .formats import Format, sse_event, usage
+from .generation_defaults import with_defaults
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ToolServing
 
@@ -135,6 +136,8 @@ class Serving:
     fingerprint: Callable[[], str | None] = attrs.field(default=lambda: None)
     #: vLLM's ``--stream-interval``: the least a request's ``stream_interval`` is taken as.
     stream_interval: int = 1
+    #: The model's sampling defaults (:func:`.generation_defaults.generation_defaults`).
+    sampling_defaults: Mapping[str, Any] = attrs.field(factory=dict)
 
     def check_model(self, model: str | None) -> None:
         """Raises ApiError (404) if ``model`` is given and is not the one served."""
@@ -149,7 +152,9 @@ class Serving:
         engines' ``max_model_len`` and the tokenizer's vocabulary."""
         text = self.text_client
         tokenizer = text.tokenizer
-        found = choices(body, max_n=self.max_n, max_model_len=text.client.engine.max_model_len,
+        max_model_len = text.client.engine.max_model_len
+        body = with_defaults(body, self.sampling_defaults, max_model_len)
+        found = choices(body, max_n=self.max_n, max_model_len=max_model_len,
                         vocab_size=tokenizer.vocab_size,
                         trust_request_chat_template=self.trust_request_chat_template,
                         tool_serving=self.tool_serving)

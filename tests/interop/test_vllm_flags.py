@@ -14,7 +14,8 @@ from anyio_genout.cli.vllm_flags import ENGINE_FLAGS, ENGINE_SWITCHES
 #: EngineArgs flags the front end handles itself (docs/server.md "Coming from vllm serve").
 FRONT_END = {"data-parallel-address", "data-parallel-rpc-port", "data-parallel-size",
              "served-model-name", "model", "reasoning-parser", "max-logprobs", "help",
-             "shutdown-timeout", "stream-interval"}
+             "shutdown-timeout", "stream-interval", "generation-config",
+             "override-generation-config"}
 
 
 def test_the_engine_flags_are_vllms() -> None:

@@ -1,0 +1,100 @@
+"""The model's sampling defaults, as ``vllm serve`` applies them (``--generation-config``).
+
+vLLM 0.32's server takes a model's ``generation_config.json`` sampling values as the
+defaults of every request that does not set them (``ModelConfig.get_diff_sampling_param``
+and the request models' ``to_sampling_params``): ``temperature``, ``top_p``, ``top_k``,
+``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, and
+``max_new_tokens`` as the ``max_tokens`` of a request that gives none (cut to the room the
+context leaves, never refused). ``--generation-config auto`` (the default) reads the model
+folder's file, ``vllm`` takes none (vLLM's neutral defaults), a folder path reads that
+folder's; ``--override-generation-config`` (a JSON object) is laid over the result. With
+transformers 5 every value the file sets is one (its defaults are all unset).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from ..errors import UsageError
+from .models import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["SAMPLING_DEFAULTS", "generation_defaults", "with_defaults"]
+
+#: The request fields a generation config gives defaults for (vLLM's ``available_params``,
+#: ``max_new_tokens`` aside).
+SAMPLING_DEFAULTS: Final = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                            "temperature", "top_k", "top_p", "min_p")
+
+Body = CompletionRequest | ChatCompletionRequest
+
+
+def generation_defaults(source: str, model_dir: Path | None,
+                        override: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The sampling defaults of ``source`` (``"auto"``: ``model_dir``'s generation config,
+    ``"vllm"``: none, else a folder holding a ``generation_config.json``), ``override`` laid
+    over them; ``max_new_tokens`` comes out as ``max_tokens``.
+
+    Raises:
+        UsageError: the file is not a JSON object, a value is not a number (an int of at
+            least 1 for ``max_new_tokens``), or ``source`` is a folder that does not exist.
+    """
+    config: dict[str, Any] = {}
+    if source != "vllm":
+        folder = model_dir if source == "auto" else Path(source)
+        if source != "auto" and not Path(source).is_dir():
+            raise UsageError(f"--generation-config {source!r}: not 'auto', 'vllm' or a folder")
+        if folder is not None:
+            config = _read(folder / "generation_config.json")
+    config.update(override or {})
+    found: dict[str, Any] = {}
+    for name in (*SAMPLING_DEFAULTS, "max_new_tokens"):
+        value = config.get(name)
+        if value is None:
+            continue
+        if name == "max_new_tokens":
+            if type(value) is not int or value < 1:
+                raise UsageError(f"generation config: max_new_tokens must be an integer of at "
+                                 f"least 1, not {value!r}")
+            found["max_tokens"] = value
+        elif type(value) not in (int, float) or not math.isfinite(value):
+            raise UsageError(f"generation config: {name} must be a number, not {value!r}")
+        else:
+            found[name] = value
+    return found
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: must be a JSON object")
+    return config
+
+
+def with_defaults(body: Body, defaults: Mapping[str, Any], max_model_len: int | None
+                  ) -> Body:
+    """``body`` with ``defaults`` for the sampling fields it does not set, and their
+    ``max_tokens`` (at most ``max_model_len``) if it gives none."""
+    if not defaults:
+        return body
+    update = {name: value for name, value in defaults.items()
+              if name in SAMPLING_DEFAULTS and getattr(body, name) is None}
+    limit = defaults.get("max_tokens")
+    if limit is not None:
+        given = body.max_tokens if isinstance(body, CompletionRequest) \
+            else body.max_completion_tokens or body.max_tokens
+        if given is None:
+            update["max_tokens"] = limit if max_model_len is None else min(limit, max_model_len)
+    return body.model_copy(update=update) if update else body
