@@ -197,4 +197,4 @@ async def test_structured_outputs_in_batch_lines_reach_the_engine(tmp_path: Path
     assert by_kind["regex"]["regex"] == "a+"
     bad = found["bad-1"]
     assert assert_envelope(bad, 400)["body"] is None
-    assert bad["error"]["error"]["param"] == "structured_outputs"
+    assert bad["error"]["error"]["param"] == "structured_outputs.bogus"
