@@ -5,10 +5,13 @@ defaults of every request that does not set them (``ModelConfig.get_diff_samplin
 and the request models' ``to_sampling_params``): ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, and
 ``max_new_tokens`` as the ``max_tokens`` of a request that gives none (cut to the room the
-context leaves, never refused). ``--generation-config auto`` (the default) reads the model
-folder's file, ``vllm`` takes none (vLLM's neutral defaults), a folder path reads that
-folder's; ``--override-generation-config`` (a JSON object) is laid over the result. With
-transformers 5 every value the file sets is one (its defaults are all unset).
+context leaves, never refused; a completion's is 16 even when sent as null, as vLLM's
+``normalize_null_max_tokens`` has it). ``--generation-config auto`` (the default) reads the
+model folder's file, ``vllm`` takes none (vLLM's neutral defaults), a folder path reads that
+folder's; ``--override-generation-config`` (a JSON object) is laid over the result. The
+``max_new_tokens`` of a named folder, or else of the override, also caps every request's
+``max_tokens`` (vLLM's ``override_max_tokens``; a request above the context is still
+refused). With transformers 5 every value the file sets is one (its defaults are all unset).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def generation_defaults(source: str, model_dir: Path | None,
                         override: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The sampling defaults of ``source`` (``"auto"``: ``model_dir``'s generation config,
     ``"vllm"``: none, else a folder holding a ``generation_config.json``), ``override`` laid
-    over them; ``max_new_tokens`` comes out as ``max_tokens``.
+    over them; ``max_new_tokens`` comes out as ``max_tokens``, and as ``max_tokens_cap``
+    where it caps every request (from a named folder, else from the override).
 
     Raises:
         UsageError: the file is not a JSON object, a value is not a number (an int of at
@@ -49,6 +53,8 @@ def generation_defaults(source: str, model_dir: Path | None,
             raise UsageError(f"--generation-config {source!r}: not 'auto', 'vllm' or a folder")
         if folder is not None:
             config = _read(folder / "generation_config.json")
+    cap = config.get("max_new_tokens") if source not in ("auto", "vllm") \
+        else (override or {}).get("max_new_tokens")
     config.update(override or {})
     found: dict[str, Any] = {}
     for name in (*SAMPLING_DEFAULTS, "max_new_tokens"):
@@ -60,11 +66,20 @@ def generation_defaults(source: str, model_dir: Path | None,
                 raise UsageError(f"generation config: max_new_tokens must be an integer of at "
                                  f"least 1, not {value!r}")
             found["max_tokens"] = value
+            if cap is not None:
+                found["max_tokens_cap"] = _checked_cap(cap)
         elif type(value) not in (int, float) or not math.isfinite(value):
             raise UsageError(f"generation config: {name} must be a number, not {value!r}")
         else:
             found[name] = value
     return found
+
+
+def _checked_cap(value: Any) -> int:
+    if type(value) is not int or value < 1:
+        raise UsageError(f"generation config: max_new_tokens must be an integer of at least "
+                         f"1, not {value!r}")
+    return value
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -85,16 +100,30 @@ def _read(path: Path) -> dict[str, Any]:
 
 def with_defaults(body: Body, defaults: Mapping[str, Any], max_model_len: int | None
                   ) -> Body:
-    """``body`` with ``defaults`` for the sampling fields it does not set, and their
-    ``max_tokens`` (at most ``max_model_len``) if it gives none."""
-    if not defaults:
+    """``body`` with ``defaults`` for the sampling fields it does not set, and its
+    ``max_tokens`` as vLLM's ``get_max_tokens`` makes it: the request's (a completion's null
+    is 16), else the default (at most ``max_model_len``), then at most the cap (unless the
+    request's is above ``max_model_len``: refused later, as in vLLM)."""
+    update: dict[str, Any] = {}
+    completion = isinstance(body, CompletionRequest)
+    if completion and body.max_tokens is None:
+        update["max_tokens"] = 16  # vLLM's normalize_null_max_tokens
+    if not defaults and not update:
         return body
-    update = {name: value for name, value in defaults.items()
-              if name in SAMPLING_DEFAULTS and getattr(body, name) is None}
-    limit = defaults.get("max_tokens")
-    if limit is not None:
-        given = body.max_tokens if isinstance(body, CompletionRequest) \
-            else body.max_completion_tokens or body.max_tokens
-        if given is None:
-            update["max_tokens"] = limit if max_model_len is None else min(limit, max_model_len)
+    update.update({name: value for name, value in defaults.items()
+                   if name in SAMPLING_DEFAULTS and getattr(body, name) is None})
+    field = "max_tokens" if isinstance(body, CompletionRequest) \
+        or body.max_completion_tokens is None else "max_completion_tokens"
+    given = update.get("max_tokens", getattr(body, field))
+    if given is None and defaults.get("max_tokens") is not None:
+        given = defaults["max_tokens"]
+        given = given if max_model_len is None else min(given, max_model_len)
+    cap = defaults.get("max_tokens_cap")
+    if cap is not None and given is not None \
+            and (max_model_len is None or given <= max_model_len):
+        given = min(given, cap)
+    elif cap is not None and given is None:
+        given = cap if max_model_len is None else min(cap, max_model_len)
+    if given != getattr(body, field):
+        update[field] = given
     return body.model_copy(update=update) if update else body

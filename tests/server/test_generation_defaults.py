@@ -38,11 +38,13 @@ def test_the_rule(tmp_path: Path) -> None:
     expected = {"temperature": 0.6, "top_p": 0.9, "top_k": 50, "min_p": 0.05,
                 "repetition_penalty": 1.0, "max_tokens": 9}
     assert generation_defaults("auto", folder) == expected
-    assert generation_defaults(str(folder), None) == expected  # a folder named
+    # a folder named, or max_new_tokens in the override, caps every request too (vLLM's
+    # override_max_tokens)
+    assert generation_defaults(str(folder), None) == {**expected, "max_tokens_cap": 9}
     assert generation_defaults("vllm", folder) == {}
     assert generation_defaults("vllm", folder, {"temperature": 0.2}) == {"temperature": 0.2}
     assert generation_defaults("auto", folder, {"top_k": 5, "max_new_tokens": 3}) == {
-        **expected, "top_k": 5, "max_tokens": 3}
+        **expected, "top_k": 5, "max_tokens": 3, "max_tokens_cap": 3}
     assert generation_defaults("auto", tmp_path) == {}  # no file: none
     for bad in ({"temperature": "hot"}, {"max_new_tokens": 0}, {"top_p": True},
                 {"min_p": float("nan")}):
@@ -65,14 +67,36 @@ async def test_unset_fields_take_the_models_defaults(tmp_path: Path) -> None:
         own = await http.post("/chat/completions",
                               json={**chat, "temperature": 1.0, "top_k": -1, "max_tokens": 3})
         completion = await http.post("/completions", json={"model": MODEL, "prompt": PROMPT})
+        null = await http.post("/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                     "max_tokens": None})
         sent = [a.request.sampling_params for a in added(s.setup.engine)]
     assert plain.status_code == own.status_code == completion.status_code == 200
-    first, second, third = sent
+    assert null.status_code == 200
+    first, second, third, fourth = sent
+    assert fourth.max_tokens == 16  # a completion's null is 16, as vLLM normalizes it
     assert (first.temperature, first.top_p, first.top_k, first.min_p) == (0.6, 0.9, 50, 0.05)
     assert first.max_tokens == 9 and plain.json()["usage"]["completion_tokens"] <= 9
     assert (second.temperature, second.top_k, second.top_p, second.max_tokens) == (
         1.0, -1, 0.9, 3)  # what a request sets wins, field by field
     assert third.max_tokens == 16 and third.temperature == 0.6  # completions' own default
+
+
+@pytest.mark.anyio
+async def test_a_cap_bounds_what_requests_ask(tmp_path: Path) -> None:
+    defaults = generation_defaults("vllm", None, {"max_new_tokens": 4})
+    async with served(app_options={"sampling_defaults": defaults}) as s, \
+            httpx.AsyncClient(base_url=s.v1, timeout=30) as http:
+        asked = await http.post("/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                      "max_tokens": 12})
+        chat = await http.post("/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+            "max_completion_tokens": 2})
+        too_many = await http.post("/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                         "max_tokens": 10**6})
+        sent = [a.request.sampling_params.max_tokens for a in added(s.setup.engine)]
+    assert asked.status_code == chat.status_code == 200
+    assert sent == [4, 2]
+    assert too_many.status_code == 400  # above the context: refused, cap or not (as vLLM)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
