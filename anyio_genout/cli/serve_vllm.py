@@ -137,6 +137,30 @@ def add_tool_options(parser: argparse.ArgumentParser) -> None:
                             "none)")
 
 
+def _flag_value(flags: list[str], name: str) -> str | None:
+    """The value of flag ``name`` among split-off engine ``flags`` (the last one given)."""
+    found = None
+    for i, item in enumerate(flags):
+        if item == name and i + 1 < len(flags):
+            found = flags[i + 1]
+        elif item.startswith(name + "="):
+            found = item[len(name) + 1:]
+    return found
+
+
+def _without_flag(flags: list[str], name: str) -> list[str]:
+    kept: list[str] = []
+    skip = False
+    for item in flags:
+        if skip:
+            skip = False
+        elif item == name:
+            skip = True
+        elif not item.startswith(name + "="):
+            kept.append(item)
+    return kept
+
+
 def check_vllm_args(args: argparse.Namespace) -> None:
     """Refuse what this server does not do, and resolve vLLM's spellings into its own.
 
@@ -160,11 +184,22 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--data-parallel-address/--data-parallel-rpc-port: {exc}") \
                 from None
+    engine_flags_given: list[str] = getattr(args, "engine_flags", [])
+    tokenizer = _flag_value(engine_flags_given, "--tokenizer")
+    if tokenizer is not None:
+        # vLLM's front end tokenizes with --tokenizer: so does this one (its --model)
+        if args.model is not None and args.model != tokenizer:
+            raise UsageError(f"--tokenizer {tokenizer!r} and --model {args.model!r} both name "
+                             "the tokenizer folder: give one")
+        args.model = tokenizer
     if args.model_tag is not None:
         args.model = args.model or args.model_tag
         if args.handshake_address is None and not args.vllm_model:
             args.vllm_model = args.model_tag  # `vllm serve MODEL`: the engines run it
     engine_flags: list[str] = getattr(args, "engine_flags", [])
+    if tokenizer is not None and not args.vllm_model:
+        # no engine to pass it to: it names this server's tokenizer alone
+        engine_flags = _without_flag(engine_flags, "--tokenizer")
     if engine_flags and not args.vllm_model:
         flag = engine_flags[0].split("=", 1)[0]
         raise UsageError(f"{flag} concerns the engine: give it to the engine (`vllm serve "
