@@ -82,6 +82,10 @@ def add_http_options(parser: argparse.ArgumentParser) -> None:
                        help="the chat template for every request, instead of the model "
                             "folder's: a file, or the template inline, as vLLM takes it "
                             "(default: the folder's)")
+    group.add_argument("--tokenizer", metavar="DIR",
+                       help="the tokenizer folder this server tokenizes with, as vLLM's "
+                            "front end does (the same as --model DIR); passed on to engines "
+                            "this server starts (default: --model's)")
     group.add_argument("--max-logprobs", type=int, metavar="N",
                        help="most logprobs (and prompt_logprobs) a request may ask; more is "
                             "400; -1: the vocabulary; passed on to engines this server "
@@ -137,30 +141,6 @@ def add_tool_options(parser: argparse.ArgumentParser) -> None:
                             "none)")
 
 
-def _flag_value(flags: list[str], name: str) -> str | None:
-    """The value of flag ``name`` among split-off engine ``flags`` (the last one given)."""
-    found = None
-    for i, item in enumerate(flags):
-        if item == name and i + 1 < len(flags):
-            found = flags[i + 1]
-        elif item.startswith(name + "="):
-            found = item[len(name) + 1:]
-    return found
-
-
-def _without_flag(flags: list[str], name: str) -> list[str]:
-    kept: list[str] = []
-    skip = False
-    for item in flags:
-        if skip:
-            skip = False
-        elif item == name:
-            skip = True
-        elif not item.startswith(name + "="):
-            kept.append(item)
-    return kept
-
-
 def check_vllm_args(args: argparse.Namespace) -> None:
     """Refuse what this server does not do, and resolve vLLM's spellings into its own.
 
@@ -184,22 +164,17 @@ def check_vllm_args(args: argparse.Namespace) -> None:
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--data-parallel-address/--data-parallel-rpc-port: {exc}") \
                 from None
-    engine_flags_given: list[str] = getattr(args, "engine_flags", [])
-    tokenizer = _flag_value(engine_flags_given, "--tokenizer")
-    if tokenizer is not None:
+    if args.tokenizer is not None:
         # vLLM's front end tokenizes with --tokenizer: so does this one (its --model)
-        if args.model is not None and args.model != tokenizer:
-            raise UsageError(f"--tokenizer {tokenizer!r} and --model {args.model!r} both name "
-                             "the tokenizer folder: give one")
-        args.model = tokenizer
+        if args.model is not None and args.model != args.tokenizer:
+            raise UsageError(f"--tokenizer {args.tokenizer!r} and --model {args.model!r} both "
+                             "name the tokenizer folder: give one")
+        args.model = args.tokenizer
     if args.model_tag is not None:
         args.model = args.model or args.model_tag
         if args.handshake_address is None and not args.vllm_model:
             args.vllm_model = args.model_tag  # `vllm serve MODEL`: the engines run it
     engine_flags: list[str] = getattr(args, "engine_flags", [])
-    if tokenizer is not None and not args.vllm_model:
-        # no engine to pass it to: it names this server's tokenizer alone
-        engine_flags = _without_flag(engine_flags, "--tokenizer")
     if engine_flags and not args.vllm_model:
         flag = engine_flags[0].split("=", 1)[0]
         raise UsageError(f"{flag} concerns the engine: give it to the engine (`vllm serve "
@@ -210,6 +185,8 @@ def check_vllm_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--max-logprobs must be -1 or more, got {args.max_logprobs}")
         if args.vllm_model:
             engine_flags = [*engine_flags, f"--max-logprobs={args.max_logprobs}"]
+    if args.tokenizer is not None and args.vllm_model:  # vLLM's engines get it too
+        engine_flags = [*engine_flags, f"--tokenizer={args.tokenizer}"]
     if args.stream_interval < 1:
         raise UsageError(f"--stream-interval must be at least 1, got {args.stream_interval}")
     if isinstance(args.override_generation_config, str):

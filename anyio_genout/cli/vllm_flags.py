@@ -6,7 +6,7 @@ positional model) and otherwise refused with one line saying to give it to the e
 ``AsyncEngineArgs.add_cli_args`` of vLLM 0.32.0, less the flags the front end handles
 itself: the data-parallel address, port and size, ``--served-model-name``, ``--model``,
 ``--max-logprobs``, ``--shutdown-timeout``, ``--stream-interval``, ``--generation-config``,
-``--override-generation-config``, the drain of ``serve`` itself);
+``--override-generation-config``, ``--tokenizer``, the drain of ``serve`` itself);
 tests/interop/test_vllm_flags.py checks them against vLLM's parser.
 """
 
@@ -66,7 +66,7 @@ ENGINE_FLAGS: Final[frozenset[str]] = frozenset((
     "show-hidden-metrics-for-version", "sleep-preserve-parameter-names",
     "sparse-indexer-topk-backend", "spec-method", "spec-model", "spec-tokens",
     "speculative-config", "structured-outputs-config",
-    "tensor-parallel-size", "tokenizer", "tokenizer-mode", "tokenizer-revision", "ubatch-size",
+    "tensor-parallel-size", "tokenizer-mode", "tokenizer-revision", "ubatch-size",
     "video-pruning-method", "video-pruning-rate", "watermark", "watermark-config",
     "weight-transfer-config", "worker-cls", "worker-extension-cls",
 ))

@@ -15,7 +15,7 @@ from anyio_genout.cli.vllm_flags import ENGINE_FLAGS, ENGINE_SWITCHES
 FRONT_END = {"data-parallel-address", "data-parallel-rpc-port", "data-parallel-size",
              "served-model-name", "model", "reasoning-parser", "max-logprobs", "help",
              "shutdown-timeout", "stream-interval", "generation-config",
-             "override-generation-config"}
+             "override-generation-config", "tokenizer"}
 
 
 def test_the_engine_flags_are_vllms() -> None:

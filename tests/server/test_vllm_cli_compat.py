@@ -97,12 +97,13 @@ def test_engine_flags_go_to_the_engines_it_starts(tmp_path: Path) -> None:
     fake = tmp_path / "fake_vllm.py"  # records its command line and exits: no engine
     fake.write_text(f"import json, sys\njson.dump(sys.argv[1:], open({str(seen)!r}, 'w'))\n")
     done = cli("serve", MODEL, "--gpu-memory-utilization", "0.9", "--enforce-eager",
-               "--max-logprobs=5", "--vllm-command", f"{sys.executable} {fake}",
-               "--ready-timeout", "10")
+               "--max-logprobs=5", "--tokenizer", MODEL,
+               "--vllm-command", f"{sys.executable} {fake}", "--ready-timeout", "10")
     assert done.returncode == 1, done.stderr  # the "engine" exited at once
     argv = json.loads(seen.read_text())
     assert argv[:2] == ["serve", MODEL] and "--headless" in argv
-    for flag in ("--gpu-memory-utilization", "--enforce-eager", "--max-logprobs=5"):
+    for flag in ("--gpu-memory-utilization", "--enforce-eager", "--max-logprobs=5",
+                 f"--tokenizer={MODEL}"):  # the front end's own, passed on as vLLM's
         assert flag in argv
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.9"
 
