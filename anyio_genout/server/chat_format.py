@@ -22,6 +22,7 @@ class ChatFormat(Format):
     and ``message.tool_calls``; streamed, ``delta.reasoning`` and ``delta.tool_calls``
     pieces), each streamed choice through its own parser state. ``role`` is the answer's
     (``message.role``, the first chunk's ``delta.role``): vLLM's ``get_chat_request_role``.
+    ``token_id`` (a token's id in the vocabulary) lets the usage count reasoning tokens.
     """
 
     object_whole = "chat.completion"
@@ -30,7 +31,8 @@ class ChatFormat(Format):
     def __init__(self, response_id: str, model: str, top: int | None, *,
                  constraint: str | None = None, prompt_logprobs: bool = False,
                  token_ids: bool = False, echo_text: str | None = None,
-                 parsing: ChatParsing | None = None, role: str = "assistant") -> None:
+                 parsing: ChatParsing | None = None, role: str = "assistant",
+                 token_id: Callable[[str], int | None] | None = None) -> None:
         super().__init__(response_id, model, top, constraint=constraint,
                          prompt_logprobs=prompt_logprobs, token_ids=token_ids)
         self.role = role
@@ -39,19 +41,18 @@ class ChatFormat(Format):
         self._parse_streams: dict[int, ChatStream] = {}  # by choice index
         if parsing is not None and parsing.hide_logprobs:
             self.top = None  # hidden reasoning hides the logprobs too, as vLLM's do
-        self._token_id: Callable[[str], int | None] | None = None
-
-    def count_reasoning(self, token_id: Callable[[str], int | None]) -> None:
-        """Give the usage ``completion_tokens_details.reasoning_tokens``, as vLLM does when
-        it serves a reasoning parser, counted by the request's reasoning parser over the
-        vocabulary ``token_id`` looks markers up in (none if they are not single tokens)."""
         self._token_id = token_id
 
-    def reasoning_counter(self) -> ReasoningTokenCounter | None:
+    def reasoning_counters(self, n: int) -> list[ReasoningTokenCounter] | None:
+        """See :meth:`Format.reasoning_counters`: vLLM's usage has the reasoning tokens when
+        it serves a reasoning parser; counted by the request's, over the vocabulary
+        ``token_id`` looks its markers up in (none if they are not single tokens)."""
         parsing, token_id = self._parsing, self._token_id
-        if parsing is None or token_id is None or parsing.parser.reasoning is None:
+        reasoning = None if parsing is None else parsing.parser.reasoning
+        if reasoning is None or token_id is None:
             return None
-        return parsing.parser.reasoning.token_counter(token_id)
+        counters = [reasoning.token_counter(token_id) for _ in range(n)]
+        return [c for c in counters if c is not None] if all(counters) else None
 
     def _plain(self, index: int) -> bool:
         return self._parsing is None

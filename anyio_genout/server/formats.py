@@ -190,21 +190,18 @@ class Format:
                                                  for i, out in enumerate(outs)])
         if self.fingerprint is not None:  # before usage, as vLLM's field order
             body["system_fingerprint"] = self.fingerprint
-        reasoning = None
-        if self.reasoning_counter() is not None:
-            reasoning = 0
-            for out in outs:
-                counter = self.reasoning_counter()
-                assert counter is not None
-                reasoning += counter.feed(out.token_ids)
+        counters = self.reasoning_counters(len(outs))
+        reasoning = None if counters is None else sum(
+            counter.feed(out.token_ids) for counter, out in zip(counters, outs, strict=True))
         body["usage"] = usage(self.prompt_tokens([out.usage.prompt_token_count
                                                   for out in outs]),
                               sum(out.usage.output_token_count for out in outs), reasoning)
         return body
 
-    def reasoning_counter(self) -> ReasoningTokenCounter | None:
-        """A fresh counter of one choice's reasoning tokens, if this response's usage has
-        ``completion_tokens_details`` (a chat served with a reasoning parser); else None."""
+    def reasoning_counters(self, n: int) -> list[ReasoningTokenCounter] | None:
+        """A fresh counter of the reasoning tokens of each of ``n`` choices, if this
+        response's usage has ``completion_tokens_details`` (a chat served with a reasoning
+        parser); else None."""
         return None
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:

@@ -242,13 +242,16 @@ class Choices:
     #: Chat: the answer's role (vLLM's ``get_chat_request_role``, :func:`chat_role`).
     role: str = "assistant"
 
-    def format(self, model: str, decode: Callable[[Sequence[int]], str]) -> Format:
-        """The response format (``decode`` gives the echoed text of token-id prompts)."""
+    def format(self, model: str, decode: Callable[[Sequence[int]], str],
+               token_id: Callable[[str], int | None] | None = None) -> Format:
+        """The response format (``decode`` gives the echoed text of token-id prompts;
+        ``token_id`` a token's id in the vocabulary, for the reasoning tokens a chat's usage
+        counts)."""
         if self.chat:
             return ChatFormat(self.response_id, model, self.logprobs,
                               constraint=self.constraint, prompt_logprobs=self.prompt_logprobs,
                               token_ids=self.token_ids, echo_text=self.echo_text,
-                              parsing=self.parsing, role=self.role)
+                              parsing=self.parsing, role=self.role, token_id=token_id)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
                                 n=self.n, decode=decode, constraint=self.constraint,
                                 prompt_logprobs=self.prompt_logprobs,

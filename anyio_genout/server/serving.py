@@ -40,7 +40,6 @@ from ..text.output import CollectedTextOutput, TextOutput, collect_text, merge_o
 from ..text.request import TextRequest, check_text_request
 from ..text.stream import TextStream
 from . import requests
-from .chat_format import ChatFormat
 from .errors import ApiError, error_body, validation_error
 from .formats import Format, sse_event, usage
 from .generation_defaults import with_defaults
@@ -166,9 +165,7 @@ class Serving:
         include_usage = stream_options is not None and stream_options.include_usage
         continuous = include_usage and stream_options is not None \
             and stream_options.continuous_usage_stats
-        fmt = found.format(model or self.model_name, decode)
-        if isinstance(fmt, ChatFormat) and self.tool_serving.reasoning is not None:
-            fmt.count_reasoning(tokenizer.token_id)
+        fmt = found.format(model or self.model_name, decode, tokenizer.token_id)
         fmt.stamp(self.fingerprint(), include_usage=include_usage)
         return Plan(found.requests, fmt, stream=body.stream, include_usage=include_usage,
                     continuous_usage=continuous,
@@ -320,8 +317,7 @@ async def serve_stream(generation: Generation,
     counted: list[int] | None = [0] * len(streams) if plan.continuous_usage else None
     prompts = [len(s.prompt_token_ids) for s in streams]
     # Each choice's reasoning tokens, if the usage shows them (a reasoning parser served).
-    made = [fmt.reasoning_counter() for _ in streams]
-    counters = [c for c in made if c is not None] if all(made) else None
+    counters = fmt.reasoning_counters(len(streams))
     first_chunks = fmt.first_chunks(len(streams))
     if counted is not None:
         for chunk in first_chunks:
