@@ -40,7 +40,8 @@ def generation_defaults(source: str, model_dir: Path | None,
     """The sampling defaults of ``source`` (``"auto"``: ``model_dir``'s generation config,
     ``"vllm"``: none, else a folder holding a ``generation_config.json``), ``override`` laid
     over them; ``max_new_tokens`` comes out as ``max_tokens``, and as ``max_tokens_cap``
-    where it caps every request (from a named folder, else from the override).
+    too where it caps every request (with a named folder, or when the override gives one;
+    the value after the override either way, as vLLM's ``override_max_tokens``).
 
     Raises:
         UsageError: the file is not a JSON object, a value is not a number (an int of at
@@ -53,8 +54,9 @@ def generation_defaults(source: str, model_dir: Path | None,
             raise UsageError(f"--generation-config {source!r}: not 'auto', 'vllm' or a folder")
         if folder is not None:
             config = _read(folder / "generation_config.json")
-    cap = config.get("max_new_tokens") if source not in ("auto", "vllm") \
-        else (override or {}).get("max_new_tokens")
+    # vLLM's override_max_tokens: the resulting max_new_tokens, with a named folder, or
+    # when the override gives one
+    caps = source not in ("auto", "vllm") or "max_new_tokens" in (override or {})
     config.update(override or {})
     found: dict[str, Any] = {}
     for name in (*SAMPLING_DEFAULTS, "max_new_tokens"):
@@ -66,20 +68,13 @@ def generation_defaults(source: str, model_dir: Path | None,
                 raise UsageError(f"generation config: max_new_tokens must be an integer of at "
                                  f"least 1, not {value!r}")
             found["max_tokens"] = value
-            if cap is not None:
-                found["max_tokens_cap"] = _checked_cap(cap)
+            if caps:
+                found["max_tokens_cap"] = value
         elif type(value) not in (int, float) or not math.isfinite(value):
             raise UsageError(f"generation config: {name} must be a number, not {value!r}")
         else:
             found[name] = value
     return found
-
-
-def _checked_cap(value: Any) -> int:
-    if type(value) is not int or value < 1:
-        raise UsageError(f"generation config: max_new_tokens must be an integer of at least "
-                         f"1, not {value!r}")
-    return value
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -118,12 +113,10 @@ def with_defaults(body: Body, defaults: Mapping[str, Any], max_model_len: int | 
     if given is None and defaults.get("max_tokens") is not None:
         given = defaults["max_tokens"]
         given = given if max_model_len is None else min(given, max_model_len)
-    cap = defaults.get("max_tokens_cap")
+    cap = defaults.get("max_tokens_cap")  # there is one only with a default max_tokens
     if cap is not None and given is not None \
             and (max_model_len is None or given <= max_model_len):
         given = min(given, cap)
-    elif cap is not None and given is None:
-        given = cap if max_model_len is None else min(cap, max_model_len)
     if given != getattr(body, field):
         update[field] = given
     return body.model_copy(update=update) if update else body

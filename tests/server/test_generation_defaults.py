@@ -45,6 +45,10 @@ def test_the_rule(tmp_path: Path) -> None:
     assert generation_defaults("vllm", folder, {"temperature": 0.2}) == {"temperature": 0.2}
     assert generation_defaults("auto", folder, {"top_k": 5, "max_new_tokens": 3}) == {
         **expected, "top_k": 5, "max_tokens": 3, "max_tokens_cap": 3}
+    # a named folder and an override: the cap is the value after the override (vLLM's
+    # default_sampling_params["max_tokens"])
+    assert generation_defaults(str(folder), None, {"max_new_tokens": 4}) == {
+        **expected, "max_tokens": 4, "max_tokens_cap": 4}
     assert generation_defaults("auto", tmp_path) == {}  # no file: none
     for bad in ({"temperature": "hot"}, {"max_new_tokens": 0}, {"top_p": True},
                 {"min_p": float("nan")}):
