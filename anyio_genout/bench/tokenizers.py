@@ -27,11 +27,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["BUILT", "TOKENIZERS", "build_model_dir", "cache_root", "synthetic_corpus"]
+__all__ = ["BUILT", "BUILT_HELP", "TOKENIZERS", "build_model_dir", "cache_root", "synthetic_corpus"]
 
 #: The built tokenizers' names (``model``, the benchmarks' ``--model`` folder, is the third).
 BUILT: Final = ("bpe-bytelevel-32k", "sp-bytefallback-32k")
 TOKENIZERS: Final = ("model", *BUILT)
+#: What the built ones are, for the benchmark commands' ``--tokenizers`` help.
+BUILT_HELP: Final = ("bpe-bytelevel-32k (a Llama 3 / Qwen style byte-level BPE), "
+                     "sp-bytefallback-32k (a Llama 2 / Mistral style byte-fallback BPE); the "
+                     "last two are built locally and cached (default: all three)")
 VOCAB_SIZE: Final = 32768
 #: Bump when the recipe changes (the cache key holds it).
 RECIPE: Final = 1

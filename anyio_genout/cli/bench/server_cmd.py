@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from ...bench.tokenizers import TOKENIZERS
+from ...bench.tokenizers import BUILT_HELP, TOKENIZERS
 from ..backends import importable
 from ..helpformat import HelpFormatter
 from ..http_server import HTTP_SERVERS
@@ -108,10 +108,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--tokenizers", type=csv_list(str, TOKENIZERS), default=None,
                         metavar="LIST",
                         help="model folders measured in turn, each server before a fresh "
-                             "engine for each: model (--model's), bpe-bytelevel-32k (a Llama "
-                             "3 / Qwen style byte-level BPE), sp-bytefallback-32k (a Llama 2 "
-                             "/ Mistral style byte-fallback BPE); the last two are built "
-                             "locally and cached (default: all three)")
+                             f"engine for each: model (--model's), {BUILT_HELP}")
     parser.add_argument("--vllm-command", default=None, metavar="CMD",
                         help="the command that runs vLLM's CLI (default: vllm-cpu-cli beside "
                              "this interpreter, else $ANYIO_GENOUT_VLLM_CMD, else vllm)")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...bench.spec import BACKENDS, Result, tokens_for
-from ...bench.tokenizers import TOKENIZERS
+from ...bench.tokenizers import BUILT_HELP, TOKENIZERS
 from ..backends import importable
 from ..helpformat import HelpFormatter
 from .options import DEFAULT_DIR, csv_list, missing_extras
@@ -66,10 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--tokenizers", type=csv_list(str, TOKENIZERS), default=None,
                         metavar="LIST",
                         help="tokenizers measured, each with its own corpus encoding: model "
-                             "(the bundled tokenizer, --model's config), bpe-bytelevel-32k "
-                             "(a Llama 3 / Qwen style byte-level BPE), sp-bytefallback-32k "
-                             "(a Llama 2 / Mistral style byte-fallback BPE); the last two "
-                             "are built locally and cached (default: all three)")
+                             f"(the bundled tokenizer, --model's config), {BUILT_HELP}")
     parser.add_argument("--model", default=os.environ.get("ANYIO_GENOUT_VLLM_MODEL"),
                         metavar="DIR",
                         help="the model whose config vLLM reads, beside the bundled "
