@@ -20,6 +20,7 @@ uvloop cases run.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib.util
 import os
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from anyio_genout.cli.serve_http import freeze_startup_heap
 
 _UVLOOP: tuple[str, dict[str, Any]] = ("asyncio", {"use_uvloop": True})
 
@@ -63,6 +66,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(params=_BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def frozen_heap() -> Iterator[None]:
+    """The test process's heap frozen as ``anyio-genout serve`` freezes its start-up heap
+    (:func:`~anyio_genout.cli.serve_http.freeze_startup_heap`), then thawed: for the tests
+    that bound how long the event loop may be held. By then a worker of the suite holds
+    hundreds of thousands of objects from earlier tests, and a full collection of them
+    (0.3-0.6 s on the 2-core machine) stalls the loop in whatever test it falls."""
+    freeze_startup_heap()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _runs_on_uvloop(item: pytest.Item) -> bool:

@@ -5,6 +5,7 @@ app over a client of the engines (``anyio-genout serve``, and each worker of
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import socket
@@ -23,7 +24,18 @@ from .engines import ClientSession, WorkerSockets
 from .http_server import choose_http_server, http_server
 from .serve_lifecycle import Lifecycle, rejoin_timeout, watch_engines
 
-__all__ = ["http_url", "listen", "listen_unix", "serve", "served_model_name"]
+__all__ = ["freeze_startup_heap", "http_url", "listen", "listen_unix", "serve",
+           "served_model_name"]
+
+
+def freeze_startup_heap() -> None:
+    """Collect, then move every live object to the garbage collector's permanent
+    generation (``gc.freeze``), as vLLM's server does once it has started: the modules, the
+    tokenizer, the app and its templates are never traversed again, so a full collection
+    while serving walks only what requests made since. A full collection of a large start-up
+    heap holds the GIL, and so the event loop and every stream, for tenths of a second."""
+    gc.collect()
+    gc.freeze()
 
 
 def served_model_name(args: argparse.Namespace) -> str:
@@ -145,6 +157,7 @@ async def serve(args: argparse.Namespace, tokenizer: Tokenizer, http_fd: int, *,
                                    allow_methods=args.allowed_methods,
                                    allow_headers=args.allowed_headers,
                                    allow_credentials=args.allow_credentials)
+            freeze_startup_heap()  # the start-up heap is static from here on
             if announce is not None:
                 print(f"serving {served_model_name(args)!r} on {announce}", file=sys.stderr,
                       flush=True)

@@ -15,7 +15,9 @@ import pytest
 from tests.server.support import MODEL, served
 from tests.text.client_support import PROMPT, tokenizer
 
-pytestmark = pytest.mark.anyio
+# Each bounds how long the event loop may be held: no full collection of the earlier
+# tests' heap may fall in it (conftest.py, frozen_heap).
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("frozen_heap")]
 
 #: About 1 MiB, under the body limit: 1.3-2.2 s to tokenize with the shipped tokenizer.
 HUGE = "The keeper wrote the weather in the ledger. " * 22_000

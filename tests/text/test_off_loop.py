@@ -20,7 +20,9 @@ from anyio_genout.text.offload import RENDER_INLINE_CHARS
 from anyio_genout.text.tokenizer import Tokenizer
 from tests.text.client_support import added, text_client, tokenizer
 
-pytestmark = pytest.mark.anyio
+# Each bounds how long the event loop may be held: no full collection of the earlier
+# tests' heap may fall in it (conftest.py, frozen_heap).
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("frozen_heap")]
 
 HUGE = "The keeper wrote the weather in the ledger. " * 22_000
 RUNAWAY = "{% for i in range(6000) %}{% for j in range(6000) %}{% endfor %}{% endfor %}x"
