@@ -49,6 +49,11 @@ DEFAULT_LEVELS: Final = (1, 64, 256)
 QUICK_LEVELS: Final = (1, 64)
 INPUT_LEN: Final = 32
 OUTPUT_LEN: Final = 128
+#: The load generator's random prompts. Seed 0 stops every cell on bpe-bytelevel-32k: its
+#: random prompt 106 never re-tokenizes to 32 tokens ("server verification failed to
+#: converge after 20 iterations"), against every server; seed 1 converges for all three
+#: tokenizers, completions and chat (checked with 8,000 prompts).
+LOAD_SEED: Final = 1
 CELL_SECONDS: Final = 12.0
 QUICK_CELL_SECONDS: Final = 1.5
 SERVER_KINDS: Final = ("ours", "vllm", "vllm-rs")
@@ -201,7 +206,7 @@ def _load(binary: Path, base_url: str, model: str, concurrency: int, prompts: in
            "--endpoint", path, "--model", model, "--dataset-name", "random",
            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-           "--ignore-eos", "--no-steady-state", "--disable-tqdm", "--seed", "0",
+           "--ignore-eos", "--no-steady-state", "--disable-tqdm", "--seed", str(LOAD_SEED),
            "--percentile-metrics", "ttft,itl,tpot,e2el", "--metric-percentiles", "50,99",
            "--save-result", "--result-dir", str(folder), "--result-filename", f"{name}.json"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
