@@ -5,9 +5,8 @@ template is a program; 1 MiB of text takes 1-2 s to encode): on the event loop t
 stall every other request, ``/health`` included. :class:`Offload` runs them in worker
 threads, a few at a time (one :class:`anyio.CapacityLimiter` each), so a slow one delays only
 its own request. A text of at most :data:`ENCODE_INLINE_CHARS` characters is encoded inline:
-the ``tokenizers`` library encodes it with the GIL held, so in a worker thread it would hold
-the event loop just as long, and add the thread hop (55-110 µs) and the loop's wait to take
-the GIL back; a longer one is encoded in a thread with the GIL released. The model's own template over
+the thread hop (55-110 µs) and the loop's wait to take the GIL back cost more than
+encoding it; a longer one is encoded in a thread (with the GIL released). The model's own template over
 messages of at most :data:`RENDER_INLINE_CHARS` characters is first rendered inline within
 :data:`RENDER_INLINE_SECONDS`, and only one that runs past that is rendered again in the
 worker thread: the hop, and the GIL the worker then holds against the event loop, cost a
@@ -31,7 +30,7 @@ import anyio.to_thread
 from ..errors import InvalidRequestError
 from .request import TextRequest
 from .template_sandbox import RenderLimitError
-from .tokenizer import RELEASE_GIL_CHARS, Tokenizer
+from .tokenizer import Tokenizer
 
 T = TypeVar("T")
 
@@ -39,9 +38,9 @@ __all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
            "RENDER_INLINE_SECONDS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS", "Offload",
            "check_prompt_chars", "max_prompt_chars", "truncation_length"]
 
-#: Texts up to this many characters are encoded on the event loop (at most about 0.7 ms):
-#: those :meth:`Tokenizer.encode` encodes with the GIL held.
-ENCODE_INLINE_CHARS: Final = RELEASE_GIL_CHARS
+#: Texts up to this many characters are encoded on the event loop: at 0.2-0.7 µs a
+#: character (the bundled and the benchmarks' 32k tokenizers), at most about 0.7 ms.
+ENCODE_INLINE_CHARS: Final = 1024
 #: Worker threads encoding at once (the encoding releases the GIL: they run in parallel).
 ENCODE_THREADS: Final = 4
 #: Worker threads rendering chat templates at once. Rendering is Python code holding the

@@ -30,12 +30,6 @@ from .model_dir import (
 )
 
 _REPLACEMENT: Final = "\ufffd"
-#: Texts longer than this are encoded with ``encode_batch``, which releases the GIL (the
-#: ``tokenizers`` library's ``encode`` holds it throughout: 1 MiB took 1.3-2.2 s during
-#: which no other thread ran, not even at Python's switch interval). At 0.2-0.7 µs a
-#: character (the bundled and the benchmarks' 32k tokenizers), a text this long takes at
-#: most about 0.7 ms with the GIL held; :mod:`.offload` encodes such texts inline.
-RELEASE_GIL_CHARS: Final = 1024
 #: How many preceding sampled tokens vLLM's logprobs correction looks at.
 _CONTEXT_TOKENS: Final = 4
 _CLEANUPS: Final = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
@@ -215,9 +209,9 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text`` (with the post-processor's bos/eos if
-        ``add_special_tokens``). A long text is encoded with the GIL released, so from a
-        worker thread (``anyio.to_thread.run_sync``) it leaves the event loop running;
-        about 0.5-2 µs a character.
+        ``add_special_tokens``). Encoded with the GIL released, so from a worker thread
+        (``anyio.to_thread.run_sync``) it leaves the event loop running; about 0.2-0.7 µs a
+        character.
 
         Raises:
             TypeError: ``text`` is not a str.
@@ -228,10 +222,11 @@ class Tokenizer:
             raise TypeError(f"text must be a str, not {type(text).__name__}")
         if not text.isascii():
             check_text(text, "text")  # the tokenizers library raises a bare TypeError
-        if len(text) > RELEASE_GIL_CHARS:
-            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens
-                                              )[0].ids
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch_fast releases the GIL (encode holds it throughout: 1 MiB took 1.3-2.2
+        # s during which no other thread ran) and skips the offsets, which nothing here
+        # reads: the same ids, 10-45 % sooner for texts of 8 tokens or more.
+        return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens
+                                               )[0].ids
 
     def token_id(self, token: str) -> int | None:
         """The id of ``token`` as one token of the vocabulary (added tokens too), or None."""
