@@ -58,8 +58,11 @@ PER_WORKER = 3
 #: millisecond, and a busy worker can see its first outputs late: a dropped 480-token stream
 #: had sometimes been finished by the engine before the hang-up reached the worker.
 MAX_MODEL_LEN = 2048
-#: Long enough that six streams overlap.
-STREAM_TOKENS = 1000
+#: Long enough that six streams overlap, and that each worker's /metrics is read many times
+#: while they do: the engine sends its scheduler stats to one worker per step, and with
+#: 1000 tokens a loaded machine (the CPU engine's threads take both cores) let the watchers
+#: read only 3-4 times in all, sometimes none from that worker while all six ran.
+STREAM_TOKENS = 1800
 #: The dropped streams': the engine cannot finish them before the hang-up.
 DROPPED_TOKENS = 2000
 SERVING = re.compile(r"serving 'tiny' on (http://\S+) with 2 workers")
