@@ -38,8 +38,10 @@ __all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
            "RENDER_INLINE_SECONDS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS", "Offload",
            "check_prompt_chars", "max_prompt_chars", "truncation_length"]
 
-#: Texts up to this many characters are encoded on the event loop: at 0.2-0.7 µs a
-#: character (the bundled and the benchmarks' 32k tokenizers), at most about 0.7 ms.
+#: Texts up to this many characters are encoded on the event loop: at 0.1-0.7 µs a
+#: character (the bundled and the benchmarks' 32k tokenizers) about 0.1-0.7 ms, and at most
+#: about 1.5 ms for the worst texts measured (one letter repeated, emoji, CJK; the first
+#: time the tokenizer meets their words).
 ENCODE_INLINE_CHARS: Final = 1024
 #: Worker threads encoding at once (the encoding releases the GIL: they run in parallel).
 ENCODE_THREADS: Final = 4
