@@ -6,11 +6,11 @@ stall every other request, ``/health`` included. :class:`Offload` runs them in w
 threads, a few at a time (one :class:`anyio.CapacityLimiter` each), so a slow one delays only
 its own request. A text of at most :data:`ENCODE_INLINE_CHARS` characters is encoded inline:
 the thread hop (55-110 µs) and the loop's wait to take the GIL back cost more than
-encoding it; a longer one is encoded in a thread (with the GIL released). The model's own template over
-messages of at most :data:`RENDER_INLINE_CHARS` characters is first rendered inline within
-:data:`RENDER_INLINE_SECONDS`, and only one that runs past that is rendered again in the
-worker thread: the hop, and the GIL the worker then holds against the event loop, cost a
-short chat more than its rendering does.
+encoding it; a longer one is encoded in a thread (with the GIL released). The model's own
+template over messages of at most :data:`RENDER_INLINE_CHARS` characters is first rendered
+inline within :data:`RENDER_INLINE_SECONDS`, and only one that runs past that is rendered
+again in the worker thread: the hop, and the GIL the worker then holds against the event
+loop, cost a short chat more than its rendering does.
 
 Before any of that, :func:`check_prompt_chars` refuses a text that cannot fit the context
 whatever it encodes to (longer than ``(max_model_len - 1) * max_chars_per_token``

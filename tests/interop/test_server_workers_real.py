@@ -278,8 +278,8 @@ async def test_streams_dropped_mid_way_are_aborted_once_each_and_the_engine_is_f
     # A deadline, not a cancel scope: a timeout landing inside a /metrics request would
     # discard that pinned connection (the next request then opens a new one, on either worker).
     deadline = anyio.current_time() + 10
-    while await moved() != expected and anyio.current_time() < deadline:
-        await anyio.sleep(0.05)
+    while await moved() != expected and anyio.current_time() < deadline:  # noqa: ASYNC110
+        await anyio.sleep(0.05)  # polling the workers' counters
     await anyio.sleep(0.5)  # time for a second count, if there were one
     assert await moved() == expected, cluster.output.err[-3000:]
     # The engine is free: a new request on each worker completes at once.
