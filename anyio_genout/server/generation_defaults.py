@@ -16,13 +16,13 @@ refused). With transformers 5 every value the file sets is one (its defaults are
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from ..errors import UsageError
+from ..errors import ModelFolderError, UsageError
+from ..text.model_dir import read_json
 from .models import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["SAMPLING_DEFAULTS", "generation_defaults", "with_defaults"]
@@ -31,6 +31,9 @@ __all__ = ["SAMPLING_DEFAULTS", "generation_defaults", "with_defaults"]
 #: ``max_new_tokens`` aside).
 SAMPLING_DEFAULTS: Final = ("repetition_penalty", "presence_penalty", "frequency_penalty",
                             "temperature", "top_k", "top_p", "min_p")
+
+#: The file a model folder keeps them in.
+GENERATION_CONFIG: Final = "generation_config.json"
 
 Body = CompletionRequest | ChatCompletionRequest
 
@@ -44,8 +47,9 @@ def generation_defaults(source: str, model_dir: Path | None,
     the value after the override either way, as vLLM's ``override_max_tokens``).
 
     Raises:
-        UsageError: the file is not a JSON object, a value is not a number (an int of at
-            least 1 for ``max_new_tokens``), or ``source`` is a folder that does not exist.
+        UsageError: the file cannot be read, is not UTF-8 or not a JSON object, a value is
+            not a number (an int of at least 1 for ``max_new_tokens``), or ``source`` is a
+            folder that does not exist.
     """
     config: dict[str, Any] = {}
     if source != "vllm":
@@ -53,7 +57,7 @@ def generation_defaults(source: str, model_dir: Path | None,
         if source != "auto" and not Path(source).is_dir():
             raise UsageError(f"--generation-config {source!r}: not 'auto', 'vllm' or a folder")
         if folder is not None:
-            config = _read(folder / "generation_config.json")
+            config = _read(folder)
     # vLLM's override_max_tokens: the resulting max_new_tokens, with a named folder, or
     # when the override gives one
     caps = source not in ("auto", "vllm") or "max_new_tokens" in (override or {})
@@ -77,19 +81,17 @@ def generation_defaults(source: str, model_dir: Path | None,
     return found
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(folder: Path) -> dict[str, Any]:
+    """``folder``'s generation config ({} without one), read as the model folder's files
+    are (:func:`~anyio_genout.text.model_dir.read_json`)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        config = read_json(folder, GENERATION_CONFIG)
+    except ModelFolderError as exc:
+        raise UsageError(str(exc)) from None
+    if config is None:
         return {}
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from None
-    try:
-        config = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(config, dict):
-        raise UsageError(f"{path}: must be a JSON object")
+        raise UsageError(f"{folder / GENERATION_CONFIG}: must be a JSON object")
     return config
 
 

@@ -156,11 +156,22 @@ def _parse_json(folder: Path, name: str, text: str) -> Any:
                            f"{exc.colno}: {exc.msg})") from None
 
 
-def _read_object(folder: Path, name: str) -> dict[str, Any] | None:
-    """The JSON object in ``folder/name``, or None if there is no such file."""
+def read_json(folder: Path, name: str) -> Any:
+    """The JSON value in ``folder/name``, or None if there is no such file.
+
+    Raises:
+        ModelFolderError: the file cannot be read, is not UTF-8 or is not valid JSON.
+    """
     if not (folder / name).is_file():
         return None
-    value = _parse_json(folder, name, _read_text(folder, name))
+    return _parse_json(folder, name, _read_text(folder, name))
+
+
+def _read_object(folder: Path, name: str) -> dict[str, Any] | None:
+    """The JSON object in ``folder/name``, or None if there is no such file."""
+    value = read_json(folder, name)
+    if value is None:
+        return None
     if not isinstance(value, dict):
         raise folder_error(folder, name, f"must hold a JSON object, not {type(value).__name__}")
     return value

@@ -59,6 +59,11 @@ def test_the_rule(tmp_path: Path) -> None:
         generation_defaults("auto", tmp_path)
     with pytest.raises(UsageError, match="not 'auto', 'vllm' or a folder"):
         generation_defaults(str(tmp_path / "nowhere"), None)
+    # read as the model folder's own files are: named, never a traceback
+    for content, message in ((b"\xff\xfe{}", "not UTF-8 text"), (b"{", "not valid JSON")):
+        (tmp_path / "generation_config.json").write_bytes(content)
+        with pytest.raises(UsageError, match=f"generation_config.json: {message}"):
+            generation_defaults(str(tmp_path), None)
 
 
 @pytest.mark.anyio
