@@ -210,7 +210,7 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text`` (with the post-processor's bos/eos if
         ``add_special_tokens``). Encoded with the GIL released, so from a worker thread
-        (``anyio.to_thread.run_sync``) it leaves the event loop running; about 0.2-0.7 µs a
+        (``anyio.to_thread.run_sync``) it leaves the event loop running; about 0.1-0.7 µs a
         character.
 
         Raises:
