@@ -305,10 +305,13 @@ class ClientSession:
             if model is not None and fields["vocab_size"] != model.vocab_size:
                 # --vocab-size differs from the tokenizer's: its alternatives may not fit.
                 fields.pop("alternative_token_ids")
-            try:
+            try:  # the default linger: a dying mock's ENGINE_CORE_DEAD leaves before its
+                # sockets close (with none it was dropped whenever ZeroMQ's I/O thread had not
+                # sent it yet, and the client saw a disconnect, not the reason); closing waits
+                # for such final messages only, so a normal exit does not wait
                 mocks = [MockEngineConfig(
                     rank=rank, handshake_address=handshake, step_time=args.mock_step_time,
-                    keep_history=False, linger=0.0, **fields)
+                    keep_history=False, **fields)
                     for rank in range(args.mock_engines)]
             except ValueError as exc:
                 raise UsageError(f"invalid mock engine options: {exc}") from None
