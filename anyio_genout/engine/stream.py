@@ -33,9 +33,10 @@ CHECKPOINT_EVERY: Final = 64
 # taken within one output of its deadline, not a whole loop pass of every ready stream's
 # turns later. The lookup costs microseconds, so it is made only when it matters: when the
 # consumer waited at least CONGESTED seconds for its turn (a long loop pass), and at most
-# every DEADLINE_REFRESH seconds per stream. A consumer resumed past that deadline yields
-# again (up to EXTRA_YIELDS times) so that the loop delivers the cancellation before it
-# takes another output.
+# every DEADLINE_REFRESH seconds per stream. A consumer resumed past that deadline (from
+# its checkpoint, or woken by an output) yields again (up to EXTRA_YIELDS times) so that the
+# loop delivers the cancellation before it takes another output: in a long loop pass every
+# consumer already past its deadline then leaves the pass without doing its work.
 CONGESTED: Final = 0.01
 DEADLINE_REFRESH: Final = 0.1
 EXTRA_YIELDS: Final = 2
@@ -179,13 +180,8 @@ class EngineCoreOutputStream:
                 self._yielded = _clock()
                 await anyio.lowlevel.checkpoint()
                 self._new_turn()
-                extra = 0
-                # Resumed past a deadline: let the loop deliver its cancellation first.
-                while _clock() >= self._deadline and extra < EXTRA_YIELDS:
-                    extra += 1
-                    self._yielded = self._deadline_fresh = 0.0  # look again: it may be gone
-                    await anyio.lowlevel.checkpoint()
-                    self._new_turn()
+                if _clock() >= self._deadline:
+                    await self._yield_past_deadline()
             else:
                 self._since_checkpoint = count
         else:
@@ -196,12 +192,27 @@ class EngineCoreOutputStream:
             except anyio.BusyResourceError:
                 raise self._busy() from None
             self._new_turn()
+            if _clock() >= self._deadline:
+                await self._yield_past_deadline()
         try:
             output = self.receive_output_nowait()
         except anyio.EndOfStream:  # ended meanwhile: close() from another task
             raise StopAsyncIteration from None
         assert output is not None  # the wait ended with an output, the error or the end
         return output
+
+    async def _yield_past_deadline(self) -> None:
+        """The consumer resumed past its scopes' deadline, before the loop delivered the
+        cancellation (asyncio runs due timers after the tasks already queued; any loop wakes
+        a task whose output arrived first): yield again, up to EXTRA_YIELDS times, so that
+        the cancellation comes before another output does. Every consumer in a long loop
+        pass that is past its deadline then leaves the pass at once, not after its work."""
+        extra = 0
+        while _clock() >= self._deadline and extra < EXTRA_YIELDS:
+            extra += 1
+            self._yielded = self._deadline_fresh = 0.0  # look again: it may be gone
+            await anyio.lowlevel.checkpoint()
+            self._new_turn()
 
     def _new_turn(self) -> None:
         """The consumer just resumed: its turn starts now."""

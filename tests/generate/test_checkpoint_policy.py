@@ -77,3 +77,46 @@ async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
         seen = ticks_at_output[started:]
         starved = [i for i in range(len(seen) - 2) if seen[i + 2] == seen[i]]
         assert not starved, f"the ticker did not run over outputs {starved[0]}..{starved[0] + 2}"
+
+
+async def test_consumers_woken_past_their_deadline_leave_before_taking_an_output() -> None:
+    """Twelve parked consumers woken in one loop pass, each with 5 ms of work per output, and
+    a deadline that passes during that pass: one woken past its deadline leaves without
+    taking its output (before, each took it and worked first, so the pass ran on for all
+    twelve and the last left about 50 ms late; asyncio runs due timers after the tasks
+    already queued, so the stream itself has to yield to let the cancellation in)."""
+    streams, work = 12, 0.005
+    async with generate_cluster() as (client, (engine,)):
+        taken: list[tuple[float, float]] = []  # (when, that consumer's deadline)
+        cancelled = 0
+        entered = anyio.Event()
+        deadline = anyio.current_time() + 10.0  # set for every scope once all are parked
+        scopes: list[anyio.CancelScope] = []
+
+        async def consume(n: int) -> None:
+            nonlocal cancelled
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                async with client.generate(request(f"woken-{n}", max_tokens=None),
+                                           per_step=True) as stream:
+                    if len(scopes) == streams:
+                        entered.set()
+                    async for _out in stream:
+                        taken.append((anyio.current_time(), scope.deadline))
+                        time.sleep(work)  # noqa: ASYNC251 - a busy consumer's own work
+            cancelled += scope.cancelled_caught
+
+        async with anyio.create_task_group() as tg:
+            for n in range(streams):
+                tg.start_soon(consume, n)
+            await entered.wait()
+            internal = [(await engine.receive_add()).request.request_id for _ in range(streams)]
+            await anyio.sleep(0.03)  # parked a while: the loop counts as congested for them
+            deadline = anyio.current_time() + 0.012
+            for scope in scopes:
+                scope.deadline = deadline
+            await engine.send([output(rid, [7]) for rid in internal])
+        assert cancelled == streams
+        assert len(taken) >= 1, "no consumer took an output before the deadline"
+        late = [round((when - limit) * 1e3, 1) for when, limit in taken if when > limit + 0.002]
+        assert not late, f"outputs taken this many ms after their deadline: {late}"
