@@ -7,13 +7,14 @@ import math
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, NoReturn, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosedError
 from ..protocol import EngineCoreOutput, EngineCoreRequest
+from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ EXTRA_YIELDS: Final = 2
 
 _clock: Final = time.perf_counter
 _INF: Final = math.inf
+_PLAIN_NONES: Final = PLAIN_NONES
 
 _tuple_new: Final = tuple.__new__  # EngineCoreStreamOutput(...) without its Python __new__
 
@@ -250,6 +252,30 @@ class EngineCoreOutputStream:
         if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
             return items[1]  # type: ignore[return-value]
         return None
+
+    def take_plain(self, limit: int) -> list[Any]:
+        """Take the *plain* outputs buffered at the head, at most ``limit``: those that bring
+        tokens alone (``count(None) == PLAIN_NONES``: no finish, logprobs, prefill stats,
+        events, mask, transfer parameters or anything else), as one flat list of batch
+        timestamps and outputs (``[ts, output, ts, output, ...]``); :attr:`timestamp` is
+        then the last one's. Empty once the stream ended. The generate layer's coalescing
+        takes a run of plain steps with one call, where :meth:`peek_output` and
+        :meth:`receive_output_nowait` would cost two per step (outside the turn's count, as
+        they are). A plain output never ends the stream, so the state stays RUNNING."""
+        taken: list[Any] = []
+        if self._state is not StreamState.RUNNING:
+            return taken
+        items = self._box.items
+        popleft = items.popleft
+        append = taken.append
+        while limit and len(items) > 1 and type(items[0]) is float \
+                and items[1].count(None) == _PLAIN_NONES:  # type: ignore[union-attr]
+            append(popleft())
+            append(popleft())
+            limit -= 1
+        if taken:
+            self.timestamp = taken[-2]
+        return taken
 
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")

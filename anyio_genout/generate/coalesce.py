@@ -110,6 +110,41 @@ def _joins(merge: Merge, output: EngineCoreOutput) -> bool:
             and (output.ec_transfer_params is None or merge.ec_params is None))
 
 
+def _add_plain_run(merge: Merge, run: list[Any], tracker: RequestTracker,
+                   matcher: StopSequenceMatcher | None) -> bool:
+    """Add ``run`` (:meth:`~.EngineCoreOutputStream.take_plain`'s flat list of batch
+    timestamps and plain outputs) to ``merge``, each step observed by ``tracker`` in turn;
+    True if a stop token sequence matched (the steps after it are dropped unobserved: the
+    stream closes there, as it would drop them)."""
+    tokens = merge.tokens
+    observe = tracker.observe_tokens
+    if matcher is None and not tracker.is_prefilling:  # the common case, in its own loop
+        extend = tokens.extend
+        for i in range(1, len(run), 2):
+            new = run[i].new_token_ids
+            if new:
+                observe(run[i - 1], 0.0, len(new))
+                extend(new)
+        merge.steps += len(run) >> 1
+        return False
+    for i in range(0, len(run), 2):
+        new = run[i + 1].new_token_ids
+        if new:
+            observe(run[i], time.time() if tracker.is_prefilling else 0.0, len(new))
+        merge.steps += 1
+        offset = len(tokens)
+        tokens.extend(new)
+        if matcher is not None:
+            matched = matcher.feed(new)
+            if matched is not None:
+                merge.matched = (offset + matched[0], matched[1])
+                merge.received_at = time.time()  # the finish's time
+                merge.stop_reason = run[i + 1].stop_reason
+                merge.plain = False
+                return True
+    return False
+
+
 def gather(raw: EngineCoreOutputStream, tracker: RequestTracker,
            matcher: StopSequenceMatcher | None, continued: bool, merge: Merge) -> Merge:
     """Add to ``merge`` the steps buffered behind it in ``raw`` that join it (up to
@@ -119,6 +154,12 @@ def gather(raw: EngineCoreOutputStream, tracker: RequestTracker,
     tokens = merge.tokens
     if merge.logprobs is not None and len(merge.logprobs[0]) != len(tokens):
         return merge  # rows that do not match the first step's tokens: nothing to align to
+    if merge.logprobs is None and merge.masks is None:
+        # Plain steps (tokens alone) join such a merge whatever it holds: take the run of
+        # them in one call, and only then what needs the general loop below.
+        run = raw.take_plain(MAX_MERGED - merge.steps)
+        if run and _add_plain_run(merge, run, tracker, matcher):
+            return merge
     while merge.steps < MAX_MERGED:
         output = raw.peek_output()
         if output is None or not _joins(merge, output):

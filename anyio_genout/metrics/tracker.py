@@ -170,27 +170,34 @@ class RequestTracker:
             self._observe_events(events)
         n = len(output.new_token_ids)
         if n:
-            series = self._series
-            self._num_generation_tokens += n
-            series.generation_tokens += n
-            last = self._last_token_ts
-            if last > 0.0:  # so not prefilling: the first token-bearing output sets it
-                # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
-                # bucket of the previous value remembered: the outputs of one engine step
-                # usually share both batch timestamps, so the bisect runs once per step.
-                itl = batch_timestamp - last
-                if itl == series.itl_last:
-                    series.itl_counts[series.itl_last_bucket] += 1
-                else:
-                    i = bisect_left(_ITL_BOUNDS, itl)
-                    if i or itl == itl:
-                        series.itl_counts[i] += 1
-                    series.itl_last = itl
-                    series.itl_last_bucket = i
-                series.itl_sum += itl
-            elif self.is_prefilling:
-                self._observe_first_token(batch_timestamp, received_at, prefill)
-            self._last_token_ts = batch_timestamp
+            self.observe_tokens(batch_timestamp, received_at, n, prefill)
+
+    def observe_tokens(self, batch_timestamp: float, received_at: float, n: int,
+                       prefill: PrefillStats | None = None) -> None:
+        """Fold in ``n`` (> 0) tokens of one output: what :meth:`observe_output` does for an
+        output's tokens, alone, for an output that brings nothing else (no prefill stats
+        past the first token's, no events), as a run of merged plain steps does."""
+        series = self._series
+        self._num_generation_tokens += n
+        series.generation_tokens += n
+        last = self._last_token_ts
+        if last > 0.0:  # so not prefilling: the first token-bearing output sets it
+            # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
+            # bucket of the previous value remembered: the outputs of one engine step
+            # usually share both batch timestamps, so the bisect runs once per step.
+            itl = batch_timestamp - last
+            if itl == series.itl_last:
+                series.itl_counts[series.itl_last_bucket] += 1
+            else:
+                i = bisect_left(_ITL_BOUNDS, itl)
+                if i or itl == itl:
+                    series.itl_counts[i] += 1
+                series.itl_last = itl
+                series.itl_last_bucket = i
+            series.itl_sum += itl
+        elif self.is_prefilling:
+            self._observe_first_token(batch_timestamp, received_at, prefill)
+        self._last_token_ts = batch_timestamp
 
     def _observe_events(self, events: Sequence[EngineCoreEvent]) -> None:
         for event in events:

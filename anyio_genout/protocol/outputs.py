@@ -27,6 +27,7 @@ __all__ = [
     "FINISH_REASON_LABELS",
     "OUTPUTS_FIELDS",
     "OUTPUT_FIELDS",
+    "PLAIN_NONES",
     "BatchFields",
     "Classified",
     "DpControl",
@@ -199,6 +200,12 @@ def _same(a: object, b: object) -> bool:
                 and a.dtype == b.dtype and np.array_equal(a, b))
     return a == b
 
+
+#: How many fields of a *plain* :class:`EngineCoreOutput` are None: every one but
+#: ``request_id``, ``new_token_ids`` and ``num_nans_in_logits`` (which never are), so a step
+#: that brings tokens alone (no finish, logprobs, prefill stats, events, mask, transfer
+#: parameters or anything else) is ``output.count(None) == PLAIN_NONES``, one C call.
+PLAIN_NONES: Final = len(EngineCoreOutput._fields) - 3
 
 #: The fields of an :class:`EngineCoreOutput` a stream reads from every output, in the
 #: order :data:`stream_fields` gives them.

@@ -22,6 +22,7 @@ from tests.engine.fake import FakeEngine
 
 from .support import (
     LENGTH,
+    PREEMPTED,
     QUEUED,
     SCHEDULED,
     STOP,
@@ -202,20 +203,26 @@ async def test_the_metrics_are_the_same_with_and_without_coalescing() -> None:
             steps = [output(r, [1], None, (QUEUED, 90.0), (SCHEDULED, 95.0),
                             prefill_stats=prefill(num_prompt_tokens=2, num_computed_tokens=2))]
             steps += [output(r, [i] * (1 + i % 3)) for i in range(2, 12)]
+            # Inside a run of plain steps: a preemption (an event, so not a plain step) and
+            # a step without tokens.
+            steps[5:5] = [output(r, [5], None, (PREEMPTED, 99.0)), output(r, [])]
             await b.steps(*steps)
             await b.steps(output(r, [12], LENGTH), start=300.0)
             outs = await b.read_all()
             counts.append(len(outs))
             samples.append(_engine_clock_samples(b.client))
-    assert counts[0] == 12 and counts[1] < 12  # the second run did merge
+    assert counts[0] == 14 and counts[1] < 14  # the second run did merge
     assert samples[0] == samples[1]
     itl = {labels: v for (name, labels), v in samples[1].items()
            if name == "vllm:inter_token_latency_seconds_count"}
-    # The request's 12 token-bearing steps give 11, the probe's two outputs so far one.
-    assert sorted(itl.values())[-1] == 11 + 1
+    # The request's 13 token-bearing steps give 12, the probe's two outputs so far one.
+    assert sorted(itl.values())[-1] == 12 + 1
     tokens = {labels: v for (name, labels), v in samples[1].items()
               if name == "vllm:generation_tokens_total"}
-    assert sorted(tokens.values())[-1] == 1 + sum(1 + i % 3 for i in range(2, 12)) + 1 + 2
+    assert sorted(tokens.values())[-1] == 1 + sum(1 + i % 3 for i in range(2, 12)) + 1 + 1 + 2
+    preemptions = {labels: v for (name, labels), v in samples[1].items()
+                   if name == "vllm:num_preemptions_total"}
+    assert sorted(preemptions.values())[-1] == 1
 
 
 async def test_steps_of_different_shape_are_not_merged() -> None:
