@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import time
 from typing import Any, Final
 
 import anyio
@@ -45,6 +46,11 @@ _current_effective_deadline: Final = anyio.current_effective_deadline
 #: Seconds a woken asyncio task whose scope was cancelled waits for anyio to deliver the
 #: cancellation (it comes at the next loop pass; this bound only keeps the wait finite).
 DELIVERY_WAIT: Final = 0.05
+#: Seconds between two looks for such a pending cancellation by one parking place, so a
+#: cancelled consumer takes outputs for at most this long more (its turn, TIME_SLICE, too).
+CHECK_INTERVAL: Final = 0.001
+
+_clock: Final = time.perf_counter
 
 
 class Parking:
@@ -54,10 +60,12 @@ class Parking:
     A woken task re-checks whatever it waits for: a wake-up promises nothing else.
     """
 
-    __slots__ = ("waiter",)
+    __slots__ = ("_next_check", "waiter")
 
     def __init__(self) -> None:
         self.waiter: Any = None
+        # asyncio's: when a woken task next looks for a skipped cancellation (see there).
+        self._next_check = 0.0
 
     async def wait(self) -> None:
         """Park until :meth:`wake` (or cancellation).
@@ -92,9 +100,15 @@ class _AsyncioParking(Parking):
             if self.waiter is future:
                 self.waiter = None
         # Woken: if a cancellation of this task is pending (a cancelled scope that no shield
-        # hides), anyio skipped it while the future was done; wait where it is taken.
-        if _current_effective_deadline() == _NEG_INF:
-            await _take_cancellation()
+        # hides), anyio skipped it while the future was done; wait where it is taken. The
+        # lookup (about 1 us, a walk of the task's scopes) is made at most every
+        # CHECK_INTERVAL seconds per parking place: a consumer woken for every output
+        # would otherwise pay it per output.
+        now = _clock()
+        if now >= self._next_check:
+            self._next_check = now + CHECK_INTERVAL
+            if _current_effective_deadline() == _NEG_INF:
+                await _take_cancellation()
 
     def wake(self) -> None:
         future = self.waiter
