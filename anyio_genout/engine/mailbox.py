@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
-from ..protocol import EngineCoreOutput
+from ..protocol import EngineCoreOutput, PlainRow
 from .parking import Parking, _AsyncioParking, _trio_parking, running_library
 
 if TYPE_CHECKING:
@@ -38,8 +38,10 @@ class EngineCoreStreamOutput(NamedTuple):
 
 
 #: What a request's mailbox holds, in order: each output as two entries, the engine batch
-#: timestamp (a float) then the output, and at the end possibly the one error that ends it.
-StreamItem = float | EngineCoreOutput | BaseException
+#: timestamp (a float) then the output (a plain one as the reader got it, a
+#: :data:`~anyio_genout.protocol.PlainRow`, which the stream makes an output when it is
+#: taken as one), and at the end possibly the one error that ends it.
+StreamItem = float | EngineCoreOutput | PlainRow | BaseException
 
 
 class OutputMailbox(Parking):

@@ -12,7 +12,7 @@ path calls :meth:`OutputReader.stop`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
@@ -29,6 +29,7 @@ from ..protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineDead,
+    PlainRow,
     RequestBatch,
     SchedulerStats,
     UtilityReply,
@@ -185,7 +186,7 @@ class OutputReader:
             message = f"{message} (engine {rank})"  # unless an explainer names it already
         return f"{message}: {'; '.join(reasons)}" if reasons else message
 
-    def _dispatch_batch(self, engine: int, outputs: list[EngineCoreOutput],
+    def _dispatch_batch(self, engine: int, outputs: Sequence[EngineCoreOutput | PlainRow],
                         stats: SchedulerStats | None, timestamp: float,
                         finished: frozenset[str] | None) -> None:
         registry = self._registry
@@ -193,15 +194,23 @@ class OutputReader:
         learns = registry.learns  # the router wants the engines' cached-token counts
         tokens = 0  # for the batch listeners (vllm:iteration_tokens_total)
         for output in outputs:
-            entry = requests.get(output.request_id)
+            # output[0]: the request id, also of a plain row (protocol.PlainRow), which is a
+            # list of the same fields with no prefill stats and no finish.
+            entry = requests.get(output[0])
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
-            prefill = output.prefill_stats
-            if prefill is not None:
-                tokens += prefill.num_computed_tokens
-                if learns:
-                    registry.note_prefill(entry, prefill)
-            tokens += len(output.new_token_ids)
+            if type(output) is list:
+                tokens += len(output[1])
+                finish = None
+            else:
+                # (mypy does not narrow the union on the `type() is` test above)
+                prefill = output.prefill_stats  # type: ignore[union-attr]
+                if prefill is not None:
+                    tokens += prefill.num_computed_tokens
+                    if learns:
+                        registry.note_prefill(entry, prefill)
+                tokens += len(output.new_token_ids)  # type: ignore[union-attr]
+                finish = output.finish_reason  # type: ignore[union-attr]
             # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
             # It skips put_output's `closed` check because of an invariant: a mailbox still
             # in the registry is never closed. Every path that closes one (the terminal
@@ -213,8 +222,8 @@ class OutputReader:
             items = box.items
             items.append(timestamp)
             items.append(output)
-            if output.finish_reason is not None:
-                self._registry.remove(output.request_id)
+            if finish is not None:
+                self._registry.remove(output[0])
                 box.closed = True
             if box.waiter is not None:
                 box.wake()

@@ -250,26 +250,33 @@ class EngineCoreOutputStream:
         (outside the turn's count: a merged delivery is one take)."""
         items = self._box.items
         if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
-            return items[1]  # type: ignore[return-value]
+            output = items[1]
+            if type(output) is list:  # a plain row: made the output it stands for, once
+                output = items[1] = _tuple_new(EngineCoreOutput, output)
+            return output  # type: ignore[return-value]
         return None
 
     def take_plain(self, limit: int) -> list[Any]:
         """Take the *plain* outputs buffered at the head, at most ``limit``: those that bring
         tokens alone (``count(None) == PLAIN_NONES``: no finish, logprobs, prefill stats,
         events, mask, transfer parameters or anything else), as one flat list of batch
-        timestamps and outputs (``[ts, output, ts, output, ...]``); :attr:`timestamp` is
-        then the last one's. Empty once the stream ended. The generate layer's coalescing
-        takes a run of plain steps with one call, where :meth:`peek_output` and
-        :meth:`receive_output_nowait` would cost two per step (outside the turn's count, as
-        they are). A plain output never ends the stream, so the state stays RUNNING."""
+        timestamps and outputs (``[ts, output, ts, output, ...]``), each output either an
+        :class:`EngineCoreOutput` or the :data:`~anyio_genout.protocol.PlainRow` the reader
+        got (index them: ``[1]`` is the new token ids); :attr:`timestamp` is then the last
+        one's. Empty once the stream ended. The generate layer's coalescing takes a run of
+        plain steps with one call, where :meth:`peek_output` and
+        :meth:`receive_output_nowait` would cost two per step and an output object each
+        (outside the turn's count, as they are). A plain output never ends the stream, so
+        the state stays RUNNING."""
         taken: list[Any] = []
         if self._state is not StreamState.RUNNING:
             return taken
         items = self._box.items
         popleft = items.popleft
         append = taken.append
-        while limit and len(items) > 1 and type(items[0]) is float \
-                and items[1].count(None) == _PLAIN_NONES:  # type: ignore[union-attr]
+        while limit and len(items) > 1 and type(items[0]) is float and (
+                type(items[1]) is list
+                or items[1].count(None) == _PLAIN_NONES):  # type: ignore[union-attr]
             append(popleft())
             append(popleft())
             limit -= 1
@@ -308,10 +315,12 @@ class EngineCoreOutputStream:
             item = items.popleft()
             if type(item) is float:
                 self.timestamp = item
-                output: EngineCoreOutput = items.popleft()  # type: ignore[assignment]
-                if output.finish_reason is not None:
+                output = items.popleft()
+                if type(output) is list:  # a plain row (never the terminal output)
+                    return _tuple_new(EngineCoreOutput, output)
+                if output.finish_reason is not None:  # type: ignore[union-attr]
                     self._state = StreamState.FINISHED
-                return output
+                return output  # type: ignore[return-value]
             self._fail(item)
         if self._box.closed:
             self._fail(RequestStreamClosedError(self._request_id))

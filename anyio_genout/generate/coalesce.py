@@ -121,14 +121,14 @@ def _add_plain_run(merge: Merge, run: list[Any], tracker: RequestTracker,
     if matcher is None and not tracker.is_prefilling:  # the common case, in its own loop
         extend = tokens.extend
         for i in range(1, len(run), 2):
-            new = run[i].new_token_ids
+            new = run[i][1]  # new_token_ids, of an output or of a plain row
             if new:
                 observe(run[i - 1], 0.0, len(new))
                 extend(new)
         merge.steps += len(run) >> 1
         return False
     for i in range(0, len(run), 2):
-        new = run[i + 1].new_token_ids
+        new = run[i + 1][1]
         if new:
             observe(run[i], time.time() if tracker.is_prefilling else 0.0, len(new))
         merge.steps += 1
@@ -139,8 +139,7 @@ def _add_plain_run(merge: Merge, run: list[Any], tracker: RequestTracker,
             if matched is not None:
                 merge.matched = (offset + matched[0], matched[1])
                 merge.received_at = time.time()  # the finish's time
-                merge.stop_reason = run[i + 1].stop_reason
-                merge.plain = False
+                merge.plain = False  # (a plain step has no stop reason to keep)
                 return True
     return False
 

@@ -13,7 +13,6 @@ metrics compute from them (ITL, queue, prefill and decode times) is always a num
 from __future__ import annotations
 
 import functools
-from itertools import repeat
 from math import isfinite
 from typing import Any, Final
 
@@ -35,6 +34,7 @@ from .outputs import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineDead,
+    PlainRow,
     PrefillStats,
     RequestBatch,
     RequestError,
@@ -50,7 +50,7 @@ _FINISH: Final = {int(r): r for r in EngineCoreFinishReason}
 _EVENT: Final = {int(t): t for t in EngineCoreEventType}
 
 #: Every ``EngineCoreOutputs`` field, decoded, in order.
-_Fields = tuple[int, list[EngineCoreOutput], SchedulerStats | None, float,
+_Fields = tuple[int, list[EngineCoreOutput | PlainRow], SchedulerStats | None, float,
                 UtilityOutput | None, frozenset[str] | None, int | None, int | None, str | None]
 
 #: Fields of a message (frame 0's array), and what missing trailing ones decode as.
@@ -91,7 +91,7 @@ def decode_outputs(frames: AuxFrames) -> Classified:
     fields = _decode_frames(frames)
     if fields is None:
         return EngineDead()
-    return _classify(EngineCoreOutputs(*fields))
+    return _classify(_message(fields))
 
 
 def decode_batch_or_other(frames: AuxFrames) -> BatchFields | Classified:
@@ -105,7 +105,13 @@ def decode_batch_or_other(frames: AuxFrames) -> BatchFields | Classified:
     engine_index, outputs, stats, ts, util, finished, wave_complete, start_wave, _ = fields
     if util is None and wave_complete is None and start_wave is None:
         return engine_index, outputs, stats, ts, finished
-    return _classify(EngineCoreOutputs(*fields))
+    return _classify(_message(fields))
+
+
+def _message(fields: _Fields) -> EngineCoreOutputs:
+    """The decoded message, every plain row made an :class:`EngineCoreOutput`."""
+    outputs = fields[1]
+    return EngineCoreOutputs(fields[0], list(map(_new_output, outputs)), *fields[2:])
 
 
 def _decode_frames(frames: AuxFrames) -> _Fields | None:
@@ -173,7 +179,7 @@ def _decode_fields(value: object, frames: AuxFrames) -> _Fields:
     )
 
 
-def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
+def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput | PlainRow]:
     """Decode every output row; plain rows take an inlined fast path.
 
     A plain row is an 18- (0.32) or 19-field (0.33) array with ``request_id`` (str),
@@ -184,8 +190,12 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
     nils mean every other field is nil and there is nothing to convert; 13 to 15 nils mean
     up to three others are set, which :func:`_convert_plain_extras` converts if they are the
     plain extras. Any other row is replaced in place by :func:`_decode_output`, which
-    validates every field and names the bad one. All outputs are then built in one C-level
-    pass (no Python call per row).
+    validates every field and names the bad one.
+
+    What comes back: a row with every optional field nil stays the decoded list (a
+    :data:`~.outputs.PlainRow`: an :class:`EngineCoreOutput`'s fields in order, its tuple
+    made only when a consumer takes it as one, which a merge of plain steps never does);
+    every other row is an :class:`EngineCoreOutput`.
     """
     # The shape constants are spelled as literals here, the cheapest load on this per-token
     # loop (a local measured 1-2 % slower, a global slower still); checked at import.
@@ -204,16 +214,16 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput]:
                             break
                     else:
                         nils = row.count(None)
-                        # 16: _PLAIN_NILS, 13: _FEWEST_PLAIN_NILS
-                        if nils == 16 or (nils >= 13 and _convert_plain_extras(row, 16 - nils)):
+                        if nils == 16:  # _PLAIN_NILS: a plain row stays the list it is
+                            index += 1
+                            continue
+                        if nils >= 13 and _convert_plain_extras(row, 16 - nils):
+                            rows[index] = _tuple_new(EngineCoreOutput, row)
                             index += 1
                             continue
         rows[index] = _decode_output(row, frames, index)
         index += 1
-    # A replaced row is already an EngineCoreOutput; tuple.__new__ copies it unchanged.
-    if index == 1:  # one request in the step: skip the map's set-up
-        return [_tuple_new(EngineCoreOutput, rows[0])]
-    return list(map(_tuple_new, repeat(EngineCoreOutput), rows))
+    return rows
 
 
 def _convert_plain_extras(row: list[Any], others: int) -> bool:

@@ -13,6 +13,7 @@ classifies a message as one of :data:`Classified`), :mod:`.output_encode` is the
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple, cast
@@ -29,6 +30,7 @@ __all__ = [
     "OUTPUT_FIELDS",
     "PLAIN_NONES",
     "BatchFields",
+    "PlainRow",
     "Classified",
     "DpControl",
     "EngineCoreEvent",
@@ -46,6 +48,7 @@ __all__ = [
     "SchedulerStats",
     "UtilityOutput",
     "UtilityReply",
+    "as_output",
     "finish_reason_label",
 ]
 
@@ -294,7 +297,18 @@ class EngineDead:
 Classified = RequestBatch | UtilityReply | DpControl | EngineDead
 
 
+#: A *plain* output as the hot-path decoder leaves it: the decoded row, a list of an
+#: :class:`EngineCoreOutput`'s fields in order (19) with every optional one None
+#: (``count(None) == PLAIN_NONES``). Indexing it gives what indexing the output would;
+#: ``as_output(row)`` makes the output.
+PlainRow = list[Any]
+
+#: An :class:`EngineCoreOutput` of a :data:`PlainRow` (or a copy of an output).
+as_output: Final = cast("Callable[[EngineCoreOutput | PlainRow], EngineCoreOutput]",
+                        functools.partial(tuple.__new__, EngineCoreOutput))
+
 #: A request batch as :func:`~.output_decode.decode_batch_or_other` returns it:
-#: ``(engine_index, outputs, scheduler_stats, timestamp, finished_requests)``.
-BatchFields = tuple[int, list[EngineCoreOutput], SchedulerStats | None, float,
+#: ``(engine_index, outputs, scheduler_stats, timestamp, finished_requests)``; its plain
+#: outputs are :data:`PlainRow` lists, the others :class:`EngineCoreOutput`.
+BatchFields = tuple[int, list[EngineCoreOutput | PlainRow], SchedulerStats | None, float,
                     frozenset[str] | None]

@@ -69,6 +69,8 @@ async def test_streams_outputs_and_stamps_client_index() -> None:
             await engine.send([out("other", [5]), out("req-1", [3], LENGTH)])
             items = [item async for item in stream]
         assert [i.output.new_token_ids for i in items] == [[1, 2], [3]]
+        # A plain output is buffered as its decoded row; a stream gives the output.
+        assert all(type(i.output) is EngineCoreOutput for i in items)
         assert items[0].timestamp == 3.5 and items[0].engine_index == 0
         assert items[-1].output.finish_reason is LENGTH
         assert client.in_flight == 0
@@ -91,7 +93,9 @@ async def test_buffered_outputs_read_without_waiting_keep_their_own_timestamps()
             await engine.send([out("req-1", [step])], timestamp=10.0 + step)
         await wait_until(lambda: len(stream._box.items) == 6)
         got = []
+        assert type(stream.peek_output()) is EngineCoreOutput
         while (output := stream.receive_output_nowait()) is not None:
+            assert type(output) is EngineCoreOutput
             got.append((output.new_token_ids, stream.timestamp))
         assert got == [([0], 10.0), ([1], 11.0), ([2], 12.0)]
         await engine.send([out("req-1", [3])], timestamp=13.0)

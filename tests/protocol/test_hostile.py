@@ -32,6 +32,7 @@ from anyio_genout.protocol import (
     RequestBatch,
     SamplingMask,
     SamplingParams,
+    as_output,
     decode_array,
     decode_batch_or_other,
     decode_init,
@@ -41,6 +42,7 @@ from anyio_genout.protocol import (
     decode_status,
     encode_outputs,
 )
+from anyio_genout.protocol.outputs import PLAIN_NONES
 from anyio_genout.protocol.requests import REQUEST_FIELDS
 
 from ._golden import Message, find, messages, plain_unpack
@@ -73,6 +75,11 @@ def _outputs(frames: list[bytes]) -> None:
         m = classified.message
         assert m.utility_output is None and m.wave_complete is None and m.start_wave is None
         # repr: NaN (which hostile input may carry) is equal to nothing, not even itself.
+        # The fast decoder leaves a plain output as its row (a PlainRow list).
+        engine, outputs, stats, timestamp, finished = fast
+        assert all(type(o) is EngineCoreOutput or
+                   (type(o) is list and o.count(None) == PLAIN_NONES) for o in outputs)
+        fast = (engine, [as_output(o) for o in outputs], stats, timestamp, finished)
         assert repr(fast) == repr((m.engine_index, m.outputs, m.scheduler_stats, m.timestamp,
                                    m.finished_requests))
     elif isinstance(fast, str):
