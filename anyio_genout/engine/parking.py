@@ -46,9 +46,12 @@ _current_effective_deadline: Final = anyio.current_effective_deadline
 #: Seconds a woken asyncio task whose scope was cancelled waits for anyio to deliver the
 #: cancellation (it comes at the next loop pass; this bound only keeps the wait finite).
 DELIVERY_WAIT: Final = 0.05
-#: Seconds between two looks for such a pending cancellation by one parking place, so a
-#: cancelled consumer takes outputs for at most this long more (its turn, TIME_SLICE, too).
-CHECK_INTERVAL: Final = 0.001
+#: Seconds between two looks for such a pending cancellation by one parking place: a
+#: consumer whose scope was cancelled while its wake-up was pending takes outputs for at
+#: most this long more. (A timeout is also seen by the stream's own deadline check, see
+#: engine/stream.py; this catches ``cancel()`` calls.) A consumer of many streams at once
+#: is woken every few milliseconds, so a shorter interval would look at nearly every wake.
+CHECK_INTERVAL: Final = 0.01
 
 _clock: Final = time.perf_counter
 

@@ -33,11 +33,14 @@ def engine_address() -> Iterator[str]:
         yield address
 
 
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
 @pytest.mark.parametrize("per_step", [True, False], ids=["per-step", "coalesced"])
 async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str,
-                                                            per_step: bool) -> None:
+                                                            per_step: bool, how: str) -> None:
     """Per step: 0.2 ms of work per output. Coalesced, the outputs that waited come as one,
-    so the work is per token there (else the consumer keeps up and the stream ends first)."""
+    so the work is per token there (else the consumer keeps up and the stream ends first).
+    ``cancel``: another task calls the scope's ``cancel()`` after 0.1 s instead (no deadline
+    for the stream to see: only the parking's look for a skipped cancellation finds it)."""
     config = ClientConfig(engine=EngineCoreClientConfig(
         transport=HandshakeTransport(engine_address), ready_timeout=20), registry=None)
     async with Client.connect(config) as client:
@@ -47,14 +50,22 @@ async def test_a_timeout_around_a_busy_stream_fires_on_time(engine_address: str,
                                                                      ignore_eos=True))
             started = time.monotonic()
             got = 0
-            with anyio.move_on_after(0.1) as scope:
-                async with client.generate(request, per_step=per_step) as stream:
-                    async for out in stream:
-                        got += len(out.token_ids)
-                        # Work that blocks the loop, as a busy consumer does.
-                        time.sleep(0.0002 * (1 if per_step else len(out.token_ids)))  # noqa: ASYNC251
+            async with anyio.create_task_group() as tg:
+                with anyio.move_on_after(0.1 if how == "timeout" else 30) as scope:
+                    if how == "cancel":
+                        tg.start_soon(_cancel_later, scope)
+                    async with client.generate(request, per_step=per_step) as stream:
+                        async for out in stream:
+                            got += len(out.token_ids)
+                            # Work that blocks the loop, as a busy consumer does.
+                            time.sleep(0.0002 * (1 if per_step else len(out.token_ids)))  # noqa: ASYNC251
             took = time.monotonic() - started
             assert scope.cancelled_caught, f"the stream ended first ({got} tokens)"
-            assert took < 0.6, f"the 0.1 s timeout fired after {took:.2f} s, {got} tokens"
+            assert took < 0.6, f"the {how} at 0.1 s took effect after {took:.2f} s, {got} tokens"
         # Every one was aborted: nothing is left in flight.
         await wait_until(lambda: client.engine.in_flight == 0)
+
+
+async def _cancel_later(scope: anyio.CancelScope) -> None:
+    await anyio.sleep(0.1)
+    scope.cancel()
