@@ -25,6 +25,8 @@ per_step=True)`` turns it off: one output per engine step.
 from __future__ import annotations
 
 import time
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Final
 
 import attrs
@@ -41,6 +43,8 @@ __all__ = ["MAX_MERGED", "Merge", "gather"]
 #: whose work grows with the tokens of an output (the text layer, an SSE event) within the
 #: checkpoint policy's bound: its turn is checked between deliveries, not inside one.
 MAX_MERGED: Final = 64
+
+_new_token_ids: Final = itemgetter(1)  # of an output, or of a plain row
 
 
 @attrs.define(slots=True, eq=False)
@@ -113,34 +117,27 @@ def _joins(merge: Merge, output: EngineCoreOutput) -> bool:
 def _add_plain_run(merge: Merge, run: list[Any], tracker: RequestTracker,
                    matcher: StopSequenceMatcher | None) -> bool:
     """Add ``run`` (:meth:`~.EngineCoreOutputStream.take_plain`'s flat list of batch
-    timestamps and plain outputs) to ``merge``, each step observed by ``tracker`` in turn;
-    True if a stop token sequence matched (the steps after it are dropped unobserved: the
-    stream closes there, as it would drop them)."""
+    timestamps and plain outputs, which ``[1]`` gives the tokens of) to ``merge``, the
+    steps observed by ``tracker``; True if a stop token sequence matched (the steps after
+    it are dropped unobserved: the stream closes there, as it would drop them)."""
     tokens = merge.tokens
-    observe = tracker.observe_tokens
-    if matcher is None and not tracker.is_prefilling:  # the common case, in its own loop
-        extend = tokens.extend
-        for i in range(1, len(run), 2):
-            new = run[i][1]  # new_token_ids, of an output or of a plain row
-            if new:
-                observe(run[i - 1], 0.0, len(new))
-                extend(new)
+    if matcher is None:  # the common case: the whole run at once
+        tracker.observe_steps(run, None)
+        tokens.extend(chain.from_iterable(map(_new_token_ids, run[1::2])))
         merge.steps += len(run) >> 1
         return False
     for i in range(0, len(run), 2):
         new = run[i + 1][1]
-        if new:
-            observe(run[i], time.time() if tracker.is_prefilling else 0.0, len(new))
+        tracker.observe_steps(run[i:i + 2], None)
         merge.steps += 1
         offset = len(tokens)
         tokens.extend(new)
-        if matcher is not None:
-            matched = matcher.feed(new)
-            if matched is not None:
-                merge.matched = (offset + matched[0], matched[1])
-                merge.received_at = time.time()  # the finish's time
-                merge.plain = False  # (a plain step has no stop reason to keep)
-                return True
+        matched = matcher.feed(new)
+        if matched is not None:
+            merge.matched = (offset + matched[0], matched[1])
+            merge.received_at = time.time()  # the finish's time
+            merge.plain = False  # (a plain step has no stop reason to keep)
+            return True
     return False
 
 

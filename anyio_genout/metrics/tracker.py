@@ -20,9 +20,10 @@ others).
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from ..protocol.outputs import (
     EngineCoreEvent,
@@ -168,36 +169,49 @@ class RequestTracker:
         events = output.events
         if events:
             self._observe_events(events)
-        n = len(output.new_token_ids)
-        if n:
-            self.observe_tokens(batch_timestamp, received_at, n, prefill)
+        if output.new_token_ids:
+            self.observe_steps((batch_timestamp, output), received_at, prefill)
 
-    def observe_tokens(self, batch_timestamp: float, received_at: float, n: int,
-                       prefill: PrefillStats | None = None) -> None:
-        """Fold in ``n`` (> 0) tokens of one output: what :meth:`observe_output` does for an
-        output's tokens, alone, for an output that brings nothing else (no prefill stats
-        past the first token's, no events), as a run of merged plain steps does."""
+    def observe_steps(self, steps: Sequence[Any], received_at: float | None,
+                      prefill: PrefillStats | None = None) -> None:
+        """Fold in the tokens of ``steps``, this request's outputs in order as a flat
+        sequence of batch timestamps and outputs (``[ts, output, ts, output, ...]``; an
+        output may be a :data:`~anyio_genout.protocol.PlainRow`: only ``[1]``, its new token
+        ids, is read): generation tokens, one inter-token latency per token-bearing step,
+        and the first token's TTFT (``received_at``: the front end's ``time.time()`` when it
+        arrived, or None to read the clock then; ``prefill``: its prefill stats).
+        :meth:`observe_output` is this for one output, after its prefill stats and events;
+        a run of merged plain steps (which have neither) is this in one call."""
         series = self._series
-        self._num_generation_tokens += n
-        series.generation_tokens += n
         last = self._last_token_ts
-        if last > 0.0:  # so not prefilling: the first token-bearing output sets it
-            # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
-            # bucket of the previous value remembered: the outputs of one engine step
-            # usually share both batch timestamps, so the bisect runs once per step.
-            itl = batch_timestamp - last
-            if itl == series.itl_last:
-                series.itl_counts[series.itl_last_bucket] += 1
-            else:
-                i = bisect_left(_ITL_BOUNDS, itl)
-                if i or itl == itl:
-                    series.itl_counts[i] += 1
-                series.itl_last = itl
-                series.itl_last_bucket = i
-            series.itl_sum += itl
-        elif self.is_prefilling:
-            self._observe_first_token(batch_timestamp, received_at, prefill)
-        self._last_token_ts = batch_timestamp
+        total = 0
+        for k in range(1, len(steps), 2):
+            n = len(steps[k][1])
+            if not n:
+                continue
+            total += n
+            ts = steps[k - 1]
+            if last > 0.0:  # so not prefilling: the first token-bearing output sets it
+                # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
+                # bucket of the previous value remembered: the outputs of one engine step
+                # usually share both batch timestamps, so the bisect runs once per step.
+                itl = ts - last
+                if itl == series.itl_last:
+                    series.itl_counts[series.itl_last_bucket] += 1
+                else:
+                    i = bisect_left(_ITL_BOUNDS, itl)
+                    if i or itl == itl:
+                        series.itl_counts[i] += 1
+                    series.itl_last = itl
+                    series.itl_last_bucket = i
+                series.itl_sum += itl
+            elif self.is_prefilling:
+                self._observe_first_token(
+                    ts, time.time() if received_at is None else received_at, prefill)
+            last = ts
+        self._last_token_ts = last
+        self._num_generation_tokens += total
+        series.generation_tokens += total
 
     def _observe_events(self, events: Sequence[EngineCoreEvent]) -> None:
         for event in events:
