@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosedError
-from ..protocol import EngineCoreOutput, EngineCoreRequest
+from ..protocol import EngineCoreOutput, EngineCoreRequest, PlainRow
 from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
@@ -162,13 +162,22 @@ class EngineCoreOutputStream:
 
     async def receive_output(self) -> EngineCoreOutput:
         """Like ``__anext__``, but the output alone; its engine batch timestamp is then
-        :attr:`timestamp` (the generate layer reads outputs this way, saving an object per
-        output). Raises what ``__anext__`` raises.
+        :attr:`timestamp`. Raises what ``__anext__`` raises.
 
         The stream's one checkpoint rule: an output already buffered is returned at once
         while the consumer's turn lasts (see the class docstring); at its end, a full
         checkpoint first; with none buffered it waits, which is a checkpoint.
         """
+        output = await self.receive_step()
+        if type(output) is list:
+            return _tuple_new(EngineCoreOutput, output)
+        return output  # type: ignore[return-value]
+
+    async def receive_step(self) -> EngineCoreOutput | PlainRow:
+        """:meth:`receive_output` for a layer that reads outputs by index (the generate
+        layer): a plain output comes as the :data:`~anyio_genout.protocol.PlainRow` the
+        reader buffered (the same fields in order, so ``stream_fields`` and indexing read
+        it), saving the output object. Raises what ``__anext__`` raises."""
         if self._state is not StreamState.RUNNING:
             # Only a cancellation point: every stream has waited for the engine at least
             # once, so a loop over short requests cannot starve the event loop.
@@ -197,7 +206,7 @@ class EngineCoreOutputStream:
             if _clock() >= self._deadline:
                 await self._yield_past_deadline()
         try:
-            output = self.receive_output_nowait()
+            output = self._take()
         except anyio.EndOfStream:  # ended meanwhile: close() from another task
             raise StopAsyncIteration from None
         assert output is not None  # the wait ended with an output, the error or the end
@@ -235,13 +244,21 @@ class EngineCoreOutputStream:
         (nothing buffered, the stream ended, or the consumer's turn is over; without
         ``timed``, only its 64 outputs count, for a drain of what arrived). One token's fast
         path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
+        output = self.receive_buffered_step(timed)
+        if type(output) is list:
+            return _tuple_new(EngineCoreOutput, output)
+        return output  # type: ignore[return-value]
+
+    def receive_buffered_step(self, timed: bool = True) -> EngineCoreOutput | PlainRow | None:
+        """:meth:`receive_buffered_output` as :meth:`receive_step` gives outputs (a plain
+        one as its row): the generate layer's per-token fast path."""
         if self._state is not StreamState.RUNNING or not self._box.items:
             return None
         count = self._since_checkpoint + 1
         if count >= CHECKPOINT_EVERY or (timed and _clock() >= self._turn_end):
             return None
         self._since_checkpoint = count
-        return self.receive_output_nowait()
+        return self._take()
 
     def peek_output(self) -> EngineCoreOutput | None:
         """The next buffered output without taking it: None when nothing is buffered, when
@@ -308,6 +325,13 @@ class EngineCoreOutputStream:
         then :attr:`timestamp` (the generate layer reads outputs this way, saving an object
         per output). None only while none is buffered; raises :class:`anyio.EndOfStream`
         once the stream ended, and what ``__anext__`` raises."""
+        output = self._take()
+        if type(output) is list:
+            return _tuple_new(EngineCoreOutput, output)
+        return output  # type: ignore[return-value]
+
+    def _take(self) -> EngineCoreOutput | PlainRow | None:
+        """:meth:`receive_output_nowait`, a plain output as its row."""
         if self._state is not StreamState.RUNNING:
             raise anyio.EndOfStream
         items = self._box.items
@@ -316,10 +340,9 @@ class EngineCoreOutputStream:
             if type(item) is float:
                 self.timestamp = item
                 output = items.popleft()
-                if type(output) is list:  # a plain row (never the terminal output)
-                    return _tuple_new(EngineCoreOutput, output)
-                if output.finish_reason is not None:  # type: ignore[union-attr]
-                    self._state = StreamState.FINISHED
+                if type(output) is not list and \
+                        output.finish_reason is not None:  # type: ignore[union-attr]
+                    self._state = StreamState.FINISHED  # (a plain row never finishes)
                 return output  # type: ignore[return-value]
             self._fail(item)
         if self._box.closed:

@@ -23,7 +23,7 @@ from ..protocol import (
     EngineCoreOutput,
     EngineCoreRequest,
 )
-from ..protocol.outputs import stream_fields
+from ..protocol.outputs import PlainRow, stream_fields
 from .abort_cause import AbortCause, record_abort
 from .coalesce import Merge, gather
 from .inflight import AbortedIds, InflightGuard, InflightRequests
@@ -301,7 +301,7 @@ class GenerateStream:
         raw = self._raw
         assert raw is not None
         try:
-            output = raw.receive_buffered_output(timed)
+            output = raw.receive_buffered_step(timed)
         except EngineDeadError as error:
             self._move_or_raise(raw, error)
             return None  # the continuation's outputs are awaited (_wait)
@@ -326,7 +326,7 @@ class GenerateStream:
         assert raw is not None
         while True:
             try:
-                output = await raw.receive_output()
+                output = await raw.receive_step()
             except EngineDeadError as error:
                 raw = self._move_or_raise(raw, error)
                 continue
@@ -367,8 +367,8 @@ class GenerateStream:
         self._guard = self._inflight.track(self._external_id, new.request_id)
         return new
 
-    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput, plain: bool
-                 ) -> list[int] | GenerateOutput:
+    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput | PlainRow,
+                 plain: bool) -> list[int] | GenerateOutput:
         """The :class:`GenerateOutput` of ``output``, just received, merged with the outputs
         buffered behind it (:mod:`.coalesce`), the metrics updated: OUTPUT or TERMINAL. With
         ``plain`` (:meth:`receive`), a plain step (or a merge of them) as its token ids."""

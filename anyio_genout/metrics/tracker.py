@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any, Final, cast
 
 from ..protocol.outputs import (
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreFinishReason,
     EngineCoreOutput,
+    PlainRow,
     PrefillStats,
 )
 from .buckets import INTER_TOKEN_LATENCY_BUCKETS
@@ -42,6 +44,13 @@ _QUEUED: Final = EngineCoreEventType.QUEUED
 _SCHEDULED: Final = EngineCoreEventType.SCHEDULED
 _PREEMPTED: Final = EngineCoreEventType.PREEMPTED
 _ITL_BOUNDS: Final = INTER_TOKEN_LATENCY_BUCKETS
+#: ``(prefill_stats, events, new_token_ids)`` of an output or of a plain row (which has the
+#: same fields in order), in one C call.
+_observed_fields: Final = cast(
+    "Callable[[EngineCoreOutput | PlainRow], tuple[PrefillStats | None, "
+    "list[EngineCoreEvent] | None, list[int]]]",
+    itemgetter(*(EngineCoreOutput._fields.index(name)
+                 for name in ("prefill_stats", "events", "new_token_ids"))))
 
 
 class RequestTracker:
@@ -153,7 +162,7 @@ class RequestTracker:
         self._series = series
 
     def observe_output(
-        self, batch_timestamp: float, received_at: float, output: EngineCoreOutput
+        self, batch_timestamp: float, received_at: float, output: EngineCoreOutput | PlainRow
     ) -> None:
         """Fold in one output of this request.
 
@@ -163,55 +172,54 @@ class RequestTracker:
         """
         # The hot path: a decode output (tokens, no prefill stats, no events) costs a few
         # attribute updates and at most one bisect; keep it that way.
-        prefill = output.prefill_stats
+        prefill, events, tokens = _observed_fields(output)
         if prefill is not None:
             self._latest_num_cached_tokens = prefill.num_cached_tokens
-        events = output.events
         if events:
             self._observe_events(events)
-        if output.new_token_ids:
-            self.observe_steps((batch_timestamp, output), received_at, prefill)
+        n = len(tokens)
+        if n:
+            self._observe_step(batch_timestamp, received_at, n, prefill)
 
-    def observe_steps(self, steps: Sequence[Any], received_at: float | None,
-                      prefill: PrefillStats | None = None) -> None:
+    def observe_steps(self, steps: Sequence[Any], received_at: float | None) -> None:
         """Fold in the tokens of ``steps``, this request's outputs in order as a flat
         sequence of batch timestamps and outputs (``[ts, output, ts, output, ...]``; an
         output may be a :data:`~anyio_genout.protocol.PlainRow`: only ``[1]``, its new token
-        ids, is read): generation tokens, one inter-token latency per token-bearing step,
-        and the first token's TTFT (``received_at``: the front end's ``time.time()`` when it
-        arrived, or None to read the clock then; ``prefill``: its prefill stats).
-        :meth:`observe_output` is this for one output, after its prefill stats and events;
-        a run of merged plain steps (which have neither) is this in one call."""
-        series = self._series
-        last = self._last_token_ts
-        total = 0
+        ids, is read) that bring nothing else (no prefill stats, no events): what
+        :meth:`observe_output` does for each, in one call for a run of merged plain steps.
+        ``received_at``: as there, or None to read the clock if a first token comes."""
+        step = self._observe_step
         for k in range(1, len(steps), 2):
             n = len(steps[k][1])
-            if not n:
-                continue
-            total += n
-            ts = steps[k - 1]
-            if last > 0.0:  # so not prefilling: the first token-bearing output sets it
-                # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
-                # bucket of the previous value remembered: the outputs of one engine step
-                # usually share both batch timestamps, so the bisect runs once per step.
-                itl = ts - last
-                if itl == series.itl_last:
-                    series.itl_counts[series.itl_last_bucket] += 1
-                else:
-                    i = bisect_left(_ITL_BOUNDS, itl)
-                    if i or itl == itl:
-                        series.itl_counts[i] += 1
-                    series.itl_last = itl
-                    series.itl_last_bucket = i
-                series.itl_sum += itl
-            elif self.is_prefilling:
-                self._observe_first_token(
-                    ts, time.time() if received_at is None else received_at, prefill)
-            last = ts
-        self._last_token_ts = last
-        self._num_generation_tokens += total
-        series.generation_tokens += total
+            if n:
+                step(steps[k - 1], received_at, n, None)
+
+    def _observe_step(self, batch_timestamp: float, received_at: float | None, n: int,
+                      prefill: PrefillStats | None) -> None:
+        """``n`` (> 0) tokens of one output: generation tokens, its inter-token latency
+        or, for the first, time to first token."""
+        series = self._series
+        self._num_generation_tokens += n
+        series.generation_tokens += n
+        last = self._last_token_ts
+        if last > 0.0:  # so not prefilling: the first token-bearing output sets it
+            # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
+            # bucket of the previous value remembered: the outputs of one engine step
+            # usually share both batch timestamps, so the bisect runs once per step.
+            itl = batch_timestamp - last
+            if itl == series.itl_last:
+                series.itl_counts[series.itl_last_bucket] += 1
+            else:
+                i = bisect_left(_ITL_BOUNDS, itl)
+                if i or itl == itl:
+                    series.itl_counts[i] += 1
+                series.itl_last = itl
+                series.itl_last_bucket = i
+            series.itl_sum += itl
+        elif self.is_prefilling:
+            self._observe_first_token(
+                batch_timestamp, time.time() if received_at is None else received_at, prefill)
+        self._last_token_ts = batch_timestamp
 
     def _observe_events(self, events: Sequence[EngineCoreEvent]) -> None:
         for event in events:

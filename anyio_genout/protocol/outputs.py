@@ -210,6 +210,16 @@ def _same(a: object, b: object) -> bool:
 #: parameters or anything else) is ``output.count(None) == PLAIN_NONES``, one C call.
 PLAIN_NONES: Final = len(EngineCoreOutput._fields) - 3
 
+#: A *plain* output as the hot-path decoder leaves it: the decoded row, a list of an
+#: :class:`EngineCoreOutput`'s fields in order (19) with every optional one None
+#: (``count(None) == PLAIN_NONES``). Indexing it gives what indexing the output would;
+#: ``as_output(row)`` makes the output.
+PlainRow = list[Any]
+
+#: An :class:`EngineCoreOutput` of a :data:`PlainRow` (or a copy of an output).
+as_output: Final = cast("Callable[[EngineCoreOutput | PlainRow], EngineCoreOutput]",
+                        functools.partial(tuple.__new__, EngineCoreOutput))
+
 #: The fields of an :class:`EngineCoreOutput` a stream reads from every output, in the
 #: order :data:`stream_fields` gives them.
 STREAM_FIELDS: Final = (
@@ -230,7 +240,7 @@ StreamFields = tuple[
 #: position of a wire field is known only in the protocol): the per-token path of a stream
 #: reads them with one call instead of an attribute lookup each.
 stream_fields: Final = cast(
-    "Callable[[EngineCoreOutput], StreamFields]",
+    "Callable[[EngineCoreOutput | PlainRow], StreamFields]",
     operator.itemgetter(*(EngineCoreOutput._fields.index(name) for name in STREAM_FIELDS)))
 
 
@@ -296,16 +306,6 @@ class EngineDead:
 
 Classified = RequestBatch | UtilityReply | DpControl | EngineDead
 
-
-#: A *plain* output as the hot-path decoder leaves it: the decoded row, a list of an
-#: :class:`EngineCoreOutput`'s fields in order (19) with every optional one None
-#: (``count(None) == PLAIN_NONES``). Indexing it gives what indexing the output would;
-#: ``as_output(row)`` makes the output.
-PlainRow = list[Any]
-
-#: An :class:`EngineCoreOutput` of a :data:`PlainRow` (or a copy of an output).
-as_output: Final = cast("Callable[[EngineCoreOutput | PlainRow], EngineCoreOutput]",
-                        functools.partial(tuple.__new__, EngineCoreOutput))
 
 #: A request batch as :func:`~.output_decode.decode_batch_or_other` returns it:
 #: ``(engine_index, outputs, scheduler_stats, timestamp, finished_requests)``; its plain
