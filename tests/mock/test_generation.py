@@ -353,7 +353,9 @@ async def test_many_requests_one_message_per_step() -> None:
         i = int(rid[1:])
         assert tokens == greedy_tokens([i % 100 + 1, 7], 5)
     assert messages <= steps  # one message a step at most
-    assert messages < 1500 // 4  # not one an output
+    # Not one an output (1500). A loaded machine spreads the adds over more steps, each a
+    # message of its own: 425 seen under a full suite run on 2 cores (the bound was 375).
+    assert messages < 1500 // 2
     # A step's message carries many requests' outputs (how many depends on how fast the adds
     # arrived between steps: 93 to 300 seen; one message an output would be 1).
     assert widest >= 20
