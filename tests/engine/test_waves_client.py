@@ -71,6 +71,9 @@ async def finish(client: EngineCoreClient, request: EngineCoreRequest) -> int:
 async def test_the_first_request_wakes_the_other_engines_and_the_group_then_pauses() -> None:
     async with group() as (client, (e0, e1), waves):
         assert await finish(client, req("a", rank=0)) >= 1
+        # The wake-up is sent with the ADD, but a loaded machine may deliver it after the
+        # request's last output: wait for it, then check it came once.
+        await wait_until(lambda: member(e1).start_dp_waves and member(e0).start_dp_waves, 5)
         assert member(e1).start_dp_waves == [(0, 0)]  # woken, the target excluded
         assert member(e0).start_dp_waves == [(0, 0)]  # (a broadcast: e0 ignores it)
         await wait_until(lambda: member(e1).dummy_steps >= 1, 5)  # stepped with nothing to do
