@@ -19,6 +19,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import collections
 import random
 import socket as _socket
 import struct
@@ -342,6 +343,10 @@ def _ephemeral_range() -> tuple[int, int]:
 #: The port picker's own generator: a caller's seeded ``random`` (hypothesis seeds it for every
 #: example) must not make every call pick the ports the previous call just closed.
 _ports = random.SystemRandom()
+#: The ports this process handed out last, none of which it hands out again: a caller that
+#: asks for two ports before binding either (an HTTP port and a handshake address) gets
+#: two (a test's server once failed to bind its handshake address on its own HTTP port).
+_handed_out: Final[collections.deque[int]] = collections.deque(maxlen=256)
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -354,7 +359,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     """
     low, high = _ephemeral_range()
     candidates = [p for p in (_ports.randrange(10000, 32768) for _ in range(64))
-                  if not low <= p <= high]
+                  if not low <= p <= high and p not in _handed_out]
     family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
     for port in candidates:
         with _socket.socket(family) as sock:
@@ -362,6 +367,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
                 sock.bind((host, port))
             except OSError:
                 continue
+            _handed_out.append(port)
             return port
     with _socket.socket(family) as sock:
         sock.bind((host, 0))

@@ -164,3 +164,12 @@ def test_free_ports_do_not_follow_the_callers_seeded_random() -> None:
         random.seed(1234)
         picked.add(free_tcp_port())
     assert len(picked) > 1, picked
+
+
+def test_a_free_port_is_not_handed_out_twice_in_a_row() -> None:
+    """A caller that asks for two ports before binding either (a server's HTTP port and
+    its handshake address) gets two different ones, however often it asks."""
+    from anyio_genout.transport import free_tcp_port
+
+    picked = [free_tcp_port() for _ in range(400)]  # 97 % to repeat one if picked at random
+    assert len(set(picked)) == len(picked)
