@@ -242,8 +242,9 @@ class EngineCoreOutputStream:
         """:meth:`receive_output` without the coroutine, when it would not suspend: the next
         buffered output, or None when :meth:`receive_output` must be awaited instead
         (nothing buffered, the stream ended, or the consumer's turn is over; without
-        ``timed``, only its 64 outputs count, for a drain of what arrived). One token's fast
-        path in the generate layer; the checkpoint rule stays :meth:`receive_output`'s."""
+        ``timed``, only its 64 outputs count, for a drain of what arrived). The checkpoint
+        rule stays :meth:`receive_output`'s; the generate layer's one-token fast path is
+        :meth:`receive_buffered_step`."""
         output = self.receive_buffered_step(timed)
         if type(output) is list:
             return _tuple_new(EngineCoreOutput, output)
