@@ -343,10 +343,13 @@ def _ephemeral_range() -> tuple[int, int]:
 #: The port picker's own generator: a caller's seeded ``random`` (hypothesis seeds it for every
 #: example) must not make every call pick the ports the previous call just closed.
 _ports = random.SystemRandom()
-#: The ports this process handed out last, none of which it hands out again: a caller that
+#: The ports this process handed out last (_HANDED_OUT_KEPT), none of which it hands out
+#: again: a caller that
 #: asks for two ports before binding either (an HTTP port and a handshake address) gets
 #: two (a test's server once failed to bind its handshake address on its own HTTP port).
-_handed_out: Final[collections.deque[int]] = collections.deque(maxlen=256)
+_HANDED_OUT_KEPT: Final = 1024
+_handed_out: Final[collections.deque[int]] = collections.deque()
+_handed_out_set: Final[set[int]] = set()
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -359,7 +362,7 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
     """
     low, high = _ephemeral_range()
     candidates = [p for p in (_ports.randrange(10000, 32768) for _ in range(64))
-                  if not low <= p <= high and p not in _handed_out]
+                  if not low <= p <= high and p not in _handed_out_set]
     family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
     for port in candidates:
         with _socket.socket(family) as sock:
@@ -368,6 +371,9 @@ def free_tcp_port(host: str = "127.0.0.1") -> int:
             except OSError:
                 continue
             _handed_out.append(port)
+            _handed_out_set.add(port)
+            if len(_handed_out) > _HANDED_OUT_KEPT:
+                _handed_out_set.discard(_handed_out.popleft())
             return port
     with _socket.socket(family) as sock:
         sock.bind((host, 0))
