@@ -343,10 +343,10 @@ def _ephemeral_range() -> tuple[int, int]:
 #: The port picker's own generator: a caller's seeded ``random`` (hypothesis seeds it for every
 #: example) must not make every call pick the ports the previous call just closed.
 _ports = random.SystemRandom()
-#: The ports this process handed out last (_HANDED_OUT_KEPT), none of which it hands out
-#: again: a caller that
-#: asks for two ports before binding either (an HTTP port and a handshake address) gets
-#: two (a test's server once failed to bind its handshake address on its own HTTP port).
+#: The last _HANDED_OUT_KEPT ports this process handed out, in order and as a set: none
+#: is handed out again, so a caller that asks for two ports before binding either (an HTTP
+#: port and a handshake address) gets two (a test's server once failed to bind its
+#: handshake address on its own HTTP port).
 _HANDED_OUT_KEPT: Final = 1024
 _handed_out: Final[collections.deque[int]] = collections.deque()
 _handed_out_set: Final[set[int]] = set()

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosedError
-from ..protocol import EngineCoreOutput, EngineCoreRequest, PlainRow
+from ..protocol import EngineCoreOutput, EngineCoreRequest, PlainRow, as_output
 from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 
@@ -168,10 +168,7 @@ class EngineCoreOutputStream:
         while the consumer's turn lasts (see the class docstring); at its end, a full
         checkpoint first; with none buffered it waits, which is a checkpoint.
         """
-        output = await self.receive_step()
-        if type(output) is list:
-            return _tuple_new(EngineCoreOutput, output)
-        return output  # type: ignore[return-value]
+        return as_output(await self.receive_step())
 
     async def receive_step(self) -> EngineCoreOutput | PlainRow:
         """:meth:`receive_output` for a layer that reads outputs by index (the generate
@@ -246,9 +243,7 @@ class EngineCoreOutputStream:
         rule stays :meth:`receive_output`'s; the generate layer's one-token fast path is
         :meth:`receive_buffered_step`."""
         output = self.receive_buffered_step(timed)
-        if type(output) is list:
-            return _tuple_new(EngineCoreOutput, output)
-        return output  # type: ignore[return-value]
+        return None if output is None else as_output(output)
 
     def receive_buffered_step(self, timed: bool = True) -> EngineCoreOutput | PlainRow | None:
         """:meth:`receive_buffered_output` as :meth:`receive_step` gives outputs (a plain
@@ -268,10 +263,9 @@ class EngineCoreOutputStream:
         (outside the turn's count: a merged delivery is one take)."""
         items = self._box.items
         if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
-            output = items[1]
-            if type(output) is list:  # a plain row: made the output it stands for, once
-                output = items[1] = _tuple_new(EngineCoreOutput, output)
-            return output  # type: ignore[return-value]
+            # A plain row is made the output it stands for, once.
+            output = items[1] = as_output(items[1])  # type: ignore[arg-type]
+            return output
         return None
 
     def take_plain(self, limit: int) -> list[Any]:
@@ -327,9 +321,7 @@ class EngineCoreOutputStream:
         per output). None only while none is buffered; raises :class:`anyio.EndOfStream`
         once the stream ended, and what ``__anext__`` raises."""
         output = self._take()
-        if type(output) is list:
-            return _tuple_new(EngineCoreOutput, output)
-        return output  # type: ignore[return-value]
+        return None if output is None else as_output(output)
 
     def _take(self) -> EngineCoreOutput | PlainRow | None:
         """:meth:`receive_output_nowait`, a plain output as its row."""

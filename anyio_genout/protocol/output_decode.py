@@ -12,7 +12,6 @@ metrics compute from them (ITL, queue, prefill and decode times) is always a num
 
 from __future__ import annotations
 
-import functools
 from math import isfinite
 from typing import Any, Final
 
@@ -25,6 +24,7 @@ from .outputs import (
     ENGINE_CORE_DEAD,
     OUTPUT_FIELDS,
     OUTPUTS_FIELDS,
+    PLAIN_NONES,
     BatchFields,
     Classified,
     DpControl,
@@ -41,6 +41,7 @@ from .outputs import (
     SchedulerStats,
     UtilityOutput,
     UtilityReply,
+    as_output,
 )
 from .packing import unpack
 
@@ -70,7 +71,7 @@ _NUM_NANS: Final = OUTPUT_FIELDS.index("num_nans_in_logits")  # 13
 #: A plain decode row sets exactly three fields (``request_id``, ``new_token_ids``,
 #: ``num_nans_in_logits``), so its other 16 are nil: counting the nils (one C-level pass)
 #: proves that every optional field is unset without looking at each.
-_PLAIN_NILS: Final = _ROW_LEN - 3  # 16
+_PLAIN_NILS: Final = PLAIN_NONES  # 16
 #: A row that starts or ends a request may also set ``finish_reason``, ``stop_reason`` and
 #: ``prefill_stats`` (the "plain extras"), so it has between 13 and 16 nils.
 _PLAIN_EXTRAS: Final = (_FINISH_REASON, _STOP_REASON, _PREFILL_STATS)
@@ -82,7 +83,6 @@ if (_ROW_LEN, _ROW_LEN_0_32, _NUM_NANS, _PLAIN_NILS, _FEWEST_PLAIN_NILS) != (19,
 #: Defaults of missing trailing row fields: nil, but 0 for ``num_nans_in_logits``.
 _PAD: Final[list[Any]] = [0 if i == _NUM_NANS else None for i in range(_ROW_LEN)]
 
-_new_output: Final = functools.partial(tuple.__new__, EngineCoreOutput)
 _tuple_new: Final = tuple.__new__
 
 
@@ -111,7 +111,7 @@ def decode_batch_or_other(frames: AuxFrames) -> BatchFields | Classified:
 def _message(fields: _Fields) -> EngineCoreOutputs:
     """The decoded message, every plain row made an :class:`EngineCoreOutput`."""
     outputs = fields[1]
-    return EngineCoreOutputs(fields[0], list(map(_new_output, outputs)), *fields[2:])
+    return EngineCoreOutputs(fields[0], list(map(as_output, outputs)), *fields[2:])
 
 
 def _decode_frames(frames: AuxFrames) -> _Fields | None:
@@ -274,7 +274,7 @@ def _decode_output(row: object, frames: AuxFrames, index: int) -> EngineCoreOutp
             )
     # Hot path: a plain decode step (only the id, the tokens and num_nans_in_logits set).
     if row.count(None) == _PLAIN_NILS and type(row[_NUM_NANS]) is int:
-        return _new_output(row)
+        return as_output(row)
     (rid, tokens, lp, plp, pooling, finish, stop, events, kv, ec, trace, prefill, routed,
      nans, mm, mask, spec, ptl, error) = row
     if finish is not None:

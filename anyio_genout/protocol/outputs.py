@@ -13,7 +13,6 @@ classifies a message as one of :data:`Classified`), :mod:`.output_encode` is the
 from __future__ import annotations
 
 import enum
-import functools
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple, cast
@@ -216,9 +215,15 @@ PLAIN_NONES: Final = len(EngineCoreOutput._fields) - 3
 #: ``as_output(row)`` makes the output.
 PlainRow = list[Any]
 
-#: An :class:`EngineCoreOutput` of a :data:`PlainRow` (or a copy of an output).
-as_output: Final = cast("Callable[[EngineCoreOutput | PlainRow], EngineCoreOutput]",
-                        functools.partial(tuple.__new__, EngineCoreOutput))
+_tuple_new: Final = tuple.__new__  # EngineCoreOutput(...) without its Python __new__
+
+
+def as_output(output: EngineCoreOutput | PlainRow) -> EngineCoreOutput:
+    """The :class:`EngineCoreOutput` a :data:`PlainRow` stands for; an output as it is."""
+    if isinstance(output, list):
+        return _tuple_new(EngineCoreOutput, output)
+    return output
+
 
 #: The fields of an :class:`EngineCoreOutput` a stream reads from every output, in the
 #: order :data:`stream_fields` gives them.
