@@ -63,6 +63,7 @@ from .config import EngineCoreClientConfig
 from .handshake import BoundSockets
 from .health import Health
 from .input import EngineInput
+from .pace import ReaderPace
 from .reader import OutputReader
 from .registry import RequestRegistry
 from .rejoin import Rejoins
@@ -108,7 +109,9 @@ class ClientCore:
             config, registry,
             {name: monitor for name, monitor in monitors.items() if monitor is not None},
             self.pending, reports)
-        self.reader = OutputReader(sockets.output, registry, self.pending, self.watch, reports)
+        self.pace = ReaderPace()
+        self.reader = OutputReader(sockets.output, registry, self.pending, self.watch, reports,
+                                   self.pace)
         self.health = Health(config, self.ready, self.max_model_len, reports, registry,
                              self.aborts, self.pending, self.reader, self.rejoins, self.watch)
         self.calls = UtilityCalls(self.pending, self.health, registry)
@@ -154,7 +157,8 @@ class ClientCore:
             registry.remove(request.request_id)
             entry.box.discard()
             raise
-        return new_output_stream(request, max_tokens, engine, entry.box, self._on_stream_close)
+        return new_output_stream(request, max_tokens, engine, entry.box, self._on_stream_close,
+                                 self.pace)
 
     def _on_stream_close(self, stream: EngineCoreOutputStream, was_running: bool) -> None:
         entry = self.registry.requests.get(stream.request_id)

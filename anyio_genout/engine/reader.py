@@ -12,6 +12,7 @@ path calls :meth:`OutputReader.stop`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -36,6 +37,7 @@ from ..protocol import (
     decode_batch_or_other,
 )
 from ..transport import ZmqSocket
+from .pace import ReaderPace
 from .registry import RequestRegistry
 from .reports import HealthReports
 from .utility_calls import PendingCalls
@@ -50,8 +52,11 @@ logger = logging.getLogger("anyio_genout.engine")
 #: consumers draining what it buffered; a longer pass wakes them less often but keeps more
 #: outputs alive at once, which costs more in garbage-collector passes (16 measured best).
 MAX_READ_BATCH: Final = 16
+#: (While consumers leave, one: see pace.py.)
 #: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
 _BURST: Final = 2
+
+_clock: Final = time.perf_counter
 
 StatsListener = Callable[[int, SchedulerStats], None]
 #: Called with ``(engine_rank, tokens)`` per batch of outputs: the prompt tokens computed for
@@ -65,10 +70,12 @@ class OutputReader:
     """The output socket's reader and what it hands outputs, replies and statistics to."""
 
     def __init__(self, socket: ZmqSocket, registry: RequestRegistry, calls: PendingCalls,
-                 watch: EngineWatch, reports: HealthReports) -> None:
+                 watch: EngineWatch, reports: HealthReports, pace: ReaderPace) -> None:
         """``reports``: where a failure of the socket, an undecodable message, an
-        ``ENGINE_CORE_DEAD`` or unexpected control is reported."""
+        ``ENGINE_CORE_DEAD`` or unexpected control is reported; ``pace``: whether
+        consumers are leaving (then one message a pass)."""
         self._socket = socket
+        self._pace = pace
         self._registry = registry
         self._calls = calls
         self._watch = watch
@@ -88,6 +95,7 @@ class OutputReader:
         """The reader task: receive and dispatch until the socket closes or the client
         fails (:meth:`stop`)."""
         sock = self._socket
+        pace = self._pace
         task_status.started()
         try:
             # Is a message queued? Outside a burst, ask ZMQ_EVENTS (1.2 us) before receiving:
@@ -108,7 +116,7 @@ class OutputReader:
                 if self._stopped:
                     return
                 count += 1
-                if count == MAX_READ_BATCH:
+                if count == MAX_READ_BATCH or _clock() < pace.until:
                     count = 0
                     await anyio.lowlevel.checkpoint()
         except anyio.ClosedResourceError:

@@ -16,6 +16,7 @@ from ..errors import RequestStreamClosedError
 from ..protocol import EngineCoreOutput, EngineCoreRequest, PlainRow, as_output
 from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
+from .pace import ReaderPace
 
 if TYPE_CHECKING:
     from typing import Self
@@ -83,13 +84,13 @@ class EngineCoreOutputStream:
     """
 
     __slots__ = ("_box", "_closed", "_deadline", "_deadline_fresh", "_engine_index",
-                 "_max_tokens", "_on_close", "_request", "_request_id", "_since_checkpoint",
-                 "_state", "_turn_end", "_yielded", "timestamp")
+                 "_max_tokens", "_on_close", "_pace", "_request", "_request_id",
+                 "_since_checkpoint", "_state", "_turn_end", "_yielded", "timestamp")
 
     def __init__(self, request: EngineCoreRequest, max_tokens: int, engine_index: int,
                  box: OutputMailbox,
-                 on_close: Callable[[EngineCoreOutputStream, bool], None], *,
-                 _made_by: object = None) -> None:
+                 on_close: Callable[[EngineCoreOutputStream, bool], None],
+                 pace: ReaderPace, *, _made_by: object = None) -> None:
         if _made_by is not _MADE_HERE:
             raise TypeError("EngineCoreOutputStream has no public constructor: streams are "
                             "opened by EngineCoreClient.call() or open_stream()")
@@ -99,6 +100,7 @@ class EngineCoreOutputStream:
         self._engine_index = engine_index
         self._box = box
         self._on_close = on_close
+        self._pace = pace
         self._state = StreamState.RUNNING
         self._since_checkpoint = 0
         # The current turn's end, the cached effective deadline and until when it is
@@ -215,6 +217,7 @@ class EngineCoreOutputStream:
         a task whose output arrived first): yield again, up to EXTRA_YIELDS times, so that
         the cancellation comes before another output does. Every consumer in a long loop
         pass that is past its deadline then leaves the pass at once, not after its work."""
+        self._pace.leaving()  # and the reader, one message a pass (pace.py)
         extra = 0
         while _clock() >= self._deadline and extra < EXTRA_YIELDS:
             extra += 1
@@ -359,6 +362,7 @@ class EngineCoreOutputStream:
         was_running = self._state is StreamState.RUNNING
         if was_running:
             self._state = StreamState.CLOSED
+            self._pace.leaving()
         self._box.discard()
         self._on_close(self, was_running)
 
@@ -369,11 +373,12 @@ class EngineCoreOutputStream:
 
 def new_output_stream(request: EngineCoreRequest, max_tokens: int, engine_index: int,
                       box: OutputMailbox,
-                      on_close: Callable[[EngineCoreOutputStream, bool], None]
-                      ) -> EngineCoreOutputStream:
+                      on_close: Callable[[EngineCoreOutputStream, bool], None],
+                      pace: ReaderPace) -> EngineCoreOutputStream:
     """The engine client's way to make a stream (package-internal): ``request`` as sent,
-    its resolved ``max_tokens``, its engine, its mailbox and the client's close hook."""
-    return EngineCoreOutputStream(request, max_tokens, engine_index, box, on_close,
+    its resolved ``max_tokens``, its engine, its mailbox, the client's close hook and its
+    reader's pace (told when the consumer leaves early)."""
+    return EngineCoreOutputStream(request, max_tokens, engine_index, box, on_close, pace,
                                   _made_by=_MADE_HERE)
 
 

@@ -11,13 +11,16 @@ buffered steps would come as a few large outputs."""
 
 from __future__ import annotations
 
+import itertools
 import time
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from anyio_genout.protocol import EngineCoreFinishReason
+from anyio_genout.engine.pace import HOLD
+from anyio_genout.protocol import EngineCoreFinishReason, EngineCoreOutputs, encode_outputs
 
 from .support import generate_cluster, output, request
 
@@ -120,3 +123,63 @@ async def test_consumers_woken_past_their_deadline_leave_before_taking_an_output
         assert len(taken) >= 1, "no consumer took an output before the deadline"
         late = [round((when - limit) * 1e3, 1) for when, limit in taken if when > limit + 0.002]
         assert not late, f"outputs taken this many ms after their deadline: {late}"
+
+
+async def _passes_per_message(client: Any, engine: Any, *, leave: bool) -> list[int] | None:
+    """Queue 32 one-output messages for a stream at once; the ticker's count at each output
+    the stream gives (per step). With ``leave``, another stream is left early just before:
+    the reader then hands over one message a loop pass. None if the machine stalled past
+    the reader's hold (pace.HOLD) meanwhile, so the attempt says nothing."""
+    ticks = 0
+    done = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            await anyio.lowlevel.checkpoint()
+            ticks += 1
+
+    seen: list[int] = []
+    async with anyio.create_task_group() as tg, \
+            client.generate(request("kept", max_tokens=None), per_step=True) as kept:
+        internal = (await engine.receive_add()).request.request_id
+        tg.start_soon(ticker)
+        started = time.perf_counter()
+        if leave:
+            async with client.generate(request("left", max_tokens=None)):
+                await engine.receive_add()
+        for _ in range(32):
+            assert engine.output.send_nowait(encode_outputs(EngineCoreOutputs(
+                engine_index=0, outputs=[output(internal, [7])])))
+        async for _out in kept:
+            seen.append(ticks)
+            if len(seen) == 32:
+                break
+        done.set()
+    return seen if time.perf_counter() - started < HOLD / 2 else None
+
+
+@pytest.mark.parametrize("leave", [False, True], ids=["none-left", "one-left"])
+async def test_while_a_consumer_leaves_the_reader_hands_over_one_message_a_pass(
+        leave: bool) -> None:
+    """A stream left before its end (the same holds for a consumer resumed past its
+    deadline) paces the reader for a moment: each queued message comes in its own loop
+    pass, so the leaving consumers' exits are not queued behind a batch of 16 messages
+    (docs/lifecycle.md, "While consumers leave"). Without one, the reader hands over the
+    messages queued in a batch, and the consumer takes several in one pass."""
+    async with generate_cluster() as (client, (engine,)):
+        for _attempt in range(5):
+            seen = await _passes_per_message(client, engine, leave=leave)
+            if seen is not None:
+                break
+        else:
+            pytest.skip("the machine stalled past the reader's hold in every attempt")
+        # The longest run of outputs the consumer took in one pass. A message handed over in
+        # a pass of its own may still share the consumer's next turn with the one after it
+        # (trio runs a batch in either order, so the reader can come first, and the ticker
+        # last): three at most.
+        runs = [len(list(group)) for _tick, group in itertools.groupby(seen)]
+        if leave:
+            assert max(runs) <= 3, f"{max(runs)} outputs taken in one pass: {runs}"
+        else:
+            assert max(runs) >= 8, f"at most {max(runs)} outputs taken in one pass: {runs}"
