@@ -188,11 +188,46 @@ class RequestTracker:
         ids, is read) that bring nothing else (no prefill stats, no events): what
         :meth:`observe_output` does for each, in one call for a run of merged plain steps.
         ``received_at``: as there, or None to read the clock if a first token comes."""
-        step = self._observe_step
+        last = self._last_token_ts
+        if last <= 0.0:  # the first token may be among them (TTFT): step by step
+            step = self._observe_step
+            for k in range(1, len(steps), 2):
+                n = len(steps[k][1])
+                if n:
+                    step(steps[k - 1], received_at, n, None)
+            return
+        # _observe_step's inter-token branch for every step, inlined: this runs once per
+        # merged step, and a call per step was a tenth of the 256-stream cell's profile.
+        # The sums are made in the same order, so they round as step-by-step calls do.
+        series = self._series
+        counts = series.itl_counts
+        itl_last = series.itl_last
+        bucket = series.itl_last_bucket
+        itl_sum = series.itl_sum
+        total = 0
         for k in range(1, len(steps), 2):
             n = len(steps[k][1])
             if n:
-                step(steps[k - 1], received_at, n, None)
+                ts = steps[k - 1]
+                total += n
+                if last > 0.0:  # (a batch timestamp of 0, below or NaN: no gap to the next)
+                    itl = ts - last
+                    if itl == itl_last:
+                        counts[bucket] += 1
+                    else:
+                        i = bisect_left(_ITL_BOUNDS, itl)
+                        if i or itl == itl:
+                            counts[i] += 1
+                        itl_last = itl
+                        bucket = i
+                    itl_sum += itl
+                last = ts
+        self._num_generation_tokens += total
+        series.generation_tokens += total
+        series.itl_last = itl_last
+        series.itl_last_bucket = bucket
+        series.itl_sum = itl_sum
+        self._last_token_ts = last
 
     def _observe_step(self, batch_timestamp: float, received_at: float | None, n: int,
                       prefill: PrefillStats | None) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import prometheus_client
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from anyio_genout.metrics import (
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -193,3 +195,38 @@ def test_describe_lists_every_family_without_samples(max_model_len: int) -> None
     assert described == collected
     # vLLM's 27 and 11 more of vLLM 0.32's, anyio_genout:engine_up and :request_migrations
     assert len(described) == 40
+
+
+_STAMPS = st.one_of(st.floats(min_value=-1.0, max_value=200.0), st.sampled_from(
+    [0.0, 1.0, 1.5, math.inf, -math.inf, math.nan]))
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(stamps=st.lists(st.tuples(_STAMPS, st.integers(0, 3)), min_size=1, max_size=40),
+       cuts=st.lists(st.integers(1, 6), min_size=1, max_size=40))
+def test_a_run_of_steps_records_what_the_steps_one_by_one_record(
+        stamps: list[tuple[float, int]], cuts: list[int]) -> None:
+    """``observe_steps`` (a merged run of plain steps, one call) against ``observe_output``
+    per step: the same counters, inter-token latency histogram (sum included: the same
+    additions in the same order) and time to first token, whatever the batch timestamps
+    (repeats, gaps of 0, clock jumps back, inf and NaN) and however the run is cut."""
+    one, run = Metrics(), Metrics()
+    single = one.tracker(engine_index=0, arrival_time=0.0, prompt_len=1, max_tokens=None)
+    merged = run.tracker(engine_index=0, arrival_time=0.0, prompt_len=1, max_tokens=None)
+    steps: list[object] = []
+    for ts, n in stamps:
+        output = EngineCoreOutput("r", list(range(n)))
+        single.observe_output(ts, 1.0, output)
+        steps += [ts, output]
+    start, cut = 0, 0
+    while start < len(steps):
+        end = start + 2 * cuts[cut % len(cuts)]
+        merged.observe_steps(steps[start:end], 1.0)
+        start, cut = end, cut + 1
+    assert (merged.num_generation_tokens, merged.is_prefilling) == \
+        (single.num_generation_tokens, single.is_prefilling)
+    assert merged.last_token_ts == single.last_token_ts or \
+        (math.isnan(merged.last_token_ts) and math.isnan(single.last_token_ts))
+    for family in ("vllm:inter_token_latency_seconds", "vllm:time_to_first_token_seconds",
+                   "vllm:generation_tokens"):
+        assert_same(samples(run, family, 0), samples(one, family, 0))
