@@ -88,8 +88,9 @@ class EngineSeries:
         "has_scheduler_stats",
         "inference_time",
         "itl_counts",
-        "itl_last",
+        "itl_hi",
         "itl_last_bucket",
+        "itl_lo",
         "itl_sum",
         "labels",
         "last_kv_cache_usage",
@@ -149,10 +150,12 @@ class EngineSeries:
         self.time_to_first_token = Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
         # vllm:inter_token_latency_seconds, the per-output histogram, is flattened into the
         # series (a Histogram's counts and sum) to save an attribute load per output, plus
-        # the latest value observed and its bucket (NaN: equal to nothing, so not yet any).
+        # the bucket of the latest value observed and its bounds: a value v with
+        # itl_lo < v <= itl_hi counts there without a search (NaN bounds: not yet any).
         self.itl_counts = [0] * (len(INTER_TOKEN_LATENCY_BUCKETS) + 1)
         self.itl_sum = 0.0
-        self.itl_last = math.nan
+        self.itl_lo = math.nan
+        self.itl_hi = math.nan
         self.itl_last_bucket = 0
         self.e2e_request_latency = Histogram(REQUEST_LATENCY_BUCKETS)
         self.queue_time = Histogram(REQUEST_LATENCY_BUCKETS)

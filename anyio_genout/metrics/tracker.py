@@ -20,6 +20,7 @@ others).
 
 from __future__ import annotations
 
+import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -44,6 +45,9 @@ _QUEUED: Final = EngineCoreEventType.QUEUED
 _SCHEDULED: Final = EngineCoreEventType.SCHEDULED
 _PREEMPTED: Final = EngineCoreEventType.PREEMPTED
 _ITL_BOUNDS: Final = INTER_TOKEN_LATENCY_BUCKETS
+#: The bounds of each bucket of it: a value v falls in bucket i when lo[i] < v <= hi[i].
+_ITL_LO: Final = (-math.inf, *_ITL_BOUNDS)
+_ITL_HI: Final = (*_ITL_BOUNDS, math.inf)
 #: ``(prefill_stats, events, new_token_ids)`` of an output or of a plain row (which has the
 #: same fields in order), in one C call.
 _observed_fields: Final = cast(
@@ -201,8 +205,7 @@ class RequestTracker:
         # The sums are made in the same order, so they round as step-by-step calls do.
         series = self._series
         counts = series.itl_counts
-        itl_last = series.itl_last
-        bucket = series.itl_last_bucket
+        lo, hi, bucket = series.itl_lo, series.itl_hi, series.itl_last_bucket
         itl_sum = series.itl_sum
         total = 0
         for k in range(1, len(steps), 2):
@@ -212,20 +215,18 @@ class RequestTracker:
                 total += n
                 if last > 0.0:  # (a batch timestamp of 0, below or NaN: no gap to the next)
                     itl = ts - last
-                    if itl == itl_last:
+                    if lo < itl <= hi:
                         counts[bucket] += 1
                     else:
                         i = bisect_left(_ITL_BOUNDS, itl)
-                        if i or itl == itl:
+                        if itl == itl:  # (NaN is counted nowhere)
                             counts[i] += 1
-                        itl_last = itl
-                        bucket = i
+                            lo, hi, bucket = _ITL_LO[i], _ITL_HI[i], i
                     itl_sum += itl
                 last = ts
         self._num_generation_tokens += total
         series.generation_tokens += total
-        series.itl_last = itl_last
-        series.itl_last_bucket = bucket
+        series.itl_lo, series.itl_hi, series.itl_last_bucket = lo, hi, bucket
         series.itl_sum = itl_sum
         self._last_token_ts = last
 
@@ -239,17 +240,17 @@ class RequestTracker:
         last = self._last_token_ts
         if last > 0.0:  # so not prefilling: the first token-bearing output sets it
             # Histogram.observe of vllm:inter_token_latency_seconds, inlined, with the
-            # bucket of the previous value remembered: the outputs of one engine step
-            # usually share both batch timestamps, so the bisect runs once per step.
+            # bucket of the previous value and its bounds remembered: the gaps between
+            # steps mostly fall in one bucket, so the search runs when they change bucket.
             itl = batch_timestamp - last
-            if itl == series.itl_last:
+            if series.itl_lo < itl <= series.itl_hi:
                 series.itl_counts[series.itl_last_bucket] += 1
             else:
                 i = bisect_left(_ITL_BOUNDS, itl)
-                if i or itl == itl:
+                if itl == itl:  # (NaN is counted nowhere)
                     series.itl_counts[i] += 1
-                series.itl_last = itl
-                series.itl_last_bucket = i
+                    series.itl_lo, series.itl_hi = _ITL_LO[i], _ITL_HI[i]
+                    series.itl_last_bucket = i
             series.itl_sum += itl
         elif self.is_prefilling:
             self._observe_first_token(
