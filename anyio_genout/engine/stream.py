@@ -259,6 +259,14 @@ class EngineCoreOutputStream:
         self._since_checkpoint = count
         return self._take()
 
+    def output_waiting(self) -> bool:
+        """Whether an output is buffered next (not an error, not the end): what
+        :meth:`peek_output` tells by not returning None, without making a plain row the
+        output it stands for (the generate layer asks it once per delivery; a run of plain
+        rows left as they are is taken in one copy, :meth:`take_plain`)."""
+        items = self._box.items
+        return len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float
+
     def peek_output(self) -> EngineCoreOutput | None:
         """The next buffered output without taking it: None when nothing is buffered, when
         an error or the end comes next, or once the stream ended. The generate layer's

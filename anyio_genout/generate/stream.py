@@ -406,7 +406,7 @@ class GenerateStream:
         if prefill is not None and not (migration is not None and migration.continued):
             cached = prefill.num_cached_tokens
         if matched is None and finish_reason is None:
-            if self._coalesce and raw.peek_output() is not None:  # more waiting: merged
+            if self._coalesce and raw.output_waiting():  # more waiting: merged
                 merge = gather(raw, tracker, matcher,
                                migration is not None and migration.continued, Merge.start(
                                    tokens, logprobs, mask, cached, kv_params, ec_params,
