@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
-from ..protocol import EngineCoreOutput, PlainRow
+from ..protocol import EngineCoreOutput
 from .parking import Parking, _AsyncioParking, _trio_parking, running_library
 
 if TYPE_CHECKING:
@@ -37,11 +37,13 @@ class EngineCoreStreamOutput(NamedTuple):
     output: EngineCoreOutput
 
 
-#: What a request's mailbox holds, in order: each output as two entries, the engine batch
-#: timestamp (a float) then the output (a plain one as the reader got it, a
-#: :data:`~anyio_genout.protocol.PlainRow`, which the stream makes an output when it is
-#: taken as one), and at the end possibly the one error that ends it.
-StreamItem = float | EngineCoreOutput | PlainRow | BaseException
+#: What a request's mailbox holds in ``items``, in order: each output as two entries, the
+#: engine batch timestamp (a float) then the output, and at the end possibly the one error
+#: that ends it. A *plain* output (a :data:`~anyio_genout.protocol.PlainRow`: new token ids
+#: and nothing else) is its number of new tokens, an int, and the tokens themselves are in
+#: the mailbox's ``tokens``, in order; the stream makes it an output (or a list of its
+#: token ids) when it is taken.
+StreamItem = float | int | EngineCoreOutput | BaseException
 
 
 class OutputMailbox(Parking):
@@ -50,7 +52,10 @@ class OutputMailbox(Parking):
     An output goes in as two entries of ``items``, its batch timestamp and itself, rather
     than as one (timestamp, output) object: the reader buffers outputs faster than their
     consumers read them when it falls behind, and every object kept alive meanwhile is one
-    more for the garbage collector to scan (docs/performance.md).
+    more for the garbage collector to scan (docs/performance.md). For the same reason a
+    plain output is kept as no object at all: its token count in ``items`` and its tokens
+    appended to ``tokens``, one list for every plain output buffered (its row and token
+    list are freed as the reader reads them, so they never reach a collection).
 
     ``waiter`` is not None exactly while the consumer is parked; whoever adds an item or
     closes the mailbox then calls :meth:`wake`. The reader inlines :meth:`put_output` as
@@ -59,11 +64,13 @@ class OutputMailbox(Parking):
     from the registry in the same synchronous step; see engine/reader.py).
     """
 
-    __slots__ = ("closed", "items")
+    __slots__ = ("closed", "items", "tokens")
 
     def __init__(self) -> None:
         super().__init__()
         self.items: deque[StreamItem] = deque()
+        #: The new token ids of the plain outputs in ``items``, in order.
+        self.tokens: list[int] = []
         self.closed = False
 
     def put_output(self, timestamp: float, output: EngineCoreOutput) -> None:
@@ -97,6 +104,7 @@ class OutputMailbox(Parking):
         see that."""
         self.closed = True
         self.items.clear()
+        self.tokens.clear()
         if self.waiter is not None:
             self.wake()
 

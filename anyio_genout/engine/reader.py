@@ -207,18 +207,6 @@ class OutputReader:
             entry = requests.get(output[0])
             if entry is None:
                 continue  # finished, aborted or unknown: dropped
-            if type(output) is list:
-                tokens += len(output[1])
-                finish = None
-            else:
-                # (mypy does not narrow the union on the `type() is` test above)
-                prefill = output.prefill_stats  # type: ignore[union-attr]
-                if prefill is not None:
-                    tokens += prefill.num_computed_tokens
-                    if learns:
-                        registry.note_prefill(entry, prefill)
-                tokens += len(output.new_token_ids)  # type: ignore[union-attr]
-                finish = output.finish_reason  # type: ignore[union-attr]
             # OutputMailbox.put_output, inlined: this loop runs once per delivered token.
             # It skips put_output's `closed` check because of an invariant: a mailbox still
             # in the registry is never closed. Every path that closes one (the terminal
@@ -229,10 +217,26 @@ class OutputReader:
             box = entry.box
             items = box.items
             items.append(timestamp)
-            items.append(output)
-            if finish is not None:
-                self._registry.remove(output[0])
-                box.closed = True
+            if type(output) is list:
+                # A plain row: its token count, its tokens onto the mailbox's (see there);
+                # the row and its token list are freed with the message, once dispatched.
+                new = output[1]
+                n = len(new)
+                tokens += n
+                items.append(n)
+                box.tokens.extend(new)
+            else:
+                # (mypy does not narrow the union on the `type() is` test above)
+                prefill = output.prefill_stats  # type: ignore[union-attr]
+                if prefill is not None:
+                    tokens += prefill.num_computed_tokens
+                    if learns:
+                        registry.note_prefill(entry, prefill)
+                tokens += len(output.new_token_ids)  # type: ignore[union-attr]
+                items.append(output)  # type: ignore[arg-type]
+                if output.finish_reason is not None:  # type: ignore[union-attr]
+                    self._registry.remove(output[0])
+                    box.closed = True
             if box.waiter is not None:
                 box.wake()
         if outputs:

@@ -13,7 +13,7 @@ import anyio
 import anyio.lowlevel
 
 from ..errors import RequestStreamClosedError
-from ..protocol import EngineCoreOutput, EngineCoreRequest, PlainRow, as_output
+from ..protocol import EngineCoreOutput, EngineCoreRequest, plain_output
 from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 from .pace import ReaderPace
@@ -21,7 +21,8 @@ from .pace import ReaderPace
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["CallScope", "EngineCoreOutputStream", "StreamState", "new_output_stream"]
+__all__ = ["CallScope", "EngineCoreOutputStream", "PlainStep", "StreamState",
+           "new_output_stream"]
 
 # The checkpoint policy (docs/lifecycle.md, "Checkpoints"). A consumer that finds outputs
 # buffered takes them without yielding for one *turn*, which ends (a full checkpoint: a
@@ -44,6 +45,10 @@ DEADLINE_REFRESH: Final = 0.1
 EXTRA_YIELDS: Final = 2
 
 _clock: Final = time.perf_counter
+
+#: A plain step as the generate layer takes it (:meth:`EngineCoreOutputStream.receive_step`):
+#: the list of its new token ids.
+PlainStep = list[int]
 _INF: Final = math.inf
 _PLAIN_NONES: Final = PLAIN_NONES
 
@@ -170,13 +175,12 @@ class EngineCoreOutputStream:
         while the consumer's turn lasts (see the class docstring); at its end, a full
         checkpoint first; with none buffered it waits, which is a checkpoint.
         """
-        return as_output(await self.receive_step())
+        return self._output(await self.receive_step())
 
-    async def receive_step(self) -> EngineCoreOutput | PlainRow:
-        """:meth:`receive_output` for a layer that reads outputs by index (the generate
-        layer): a plain output comes as the :data:`~anyio_genout.protocol.PlainRow` the
-        reader buffered (the same fields in order, so ``stream_fields`` and indexing read
-        it), saving the output object. Raises what ``__anext__`` raises."""
+    async def receive_step(self) -> EngineCoreOutput | PlainStep:
+        """:meth:`receive_output` for the generate layer: a plain output (new token ids and
+        nothing else, as the reader buffers it: see engine/mailbox.py) comes as the list
+        of its token ids, saving the output object. Raises what ``__anext__`` raises."""
         if self._state is not StreamState.RUNNING:
             # Only a cancellation point: every stream has waited for the engine at least
             # once, so a loop over short requests cannot starve the event loop.
@@ -246,11 +250,11 @@ class EngineCoreOutputStream:
         rule stays :meth:`receive_output`'s; the generate layer's one-token fast path is
         :meth:`receive_buffered_step`."""
         output = self.receive_buffered_step(timed)
-        return None if output is None else as_output(output)
+        return None if output is None else self._output(output)
 
-    def receive_buffered_step(self, timed: bool = True) -> EngineCoreOutput | PlainRow | None:
+    def receive_buffered_step(self, timed: bool = True) -> EngineCoreOutput | PlainStep | None:
         """:meth:`receive_buffered_output` as :meth:`receive_step` gives outputs (a plain
-        one as its row): the generate layer's per-token fast path."""
+        one as its token ids): the generate layer's per-token fast path."""
         if self._state is not StreamState.RUNNING or not self._box.items:
             return None
         count = self._since_checkpoint + 1
@@ -261,9 +265,8 @@ class EngineCoreOutputStream:
 
     def output_waiting(self) -> bool:
         """Whether an output is buffered next (not an error, not the end): what
-        :meth:`peek_output` tells by not returning None, without making a plain row the
-        output it stands for (the generate layer asks it once per delivery; a run of plain
-        rows left as they are is taken in one copy, :meth:`take_plain`)."""
+        :meth:`peek_output` tells by not returning None, without making a plain one an
+        output object (the generate layer asks it once per delivery)."""
         items = self._box.items
         return len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float
 
@@ -272,51 +275,71 @@ class EngineCoreOutputStream:
         an error or the end comes next, or once the stream ended. The generate layer's
         coalescing looks ahead with it; :meth:`receive_output_nowait` then takes the output
         (outside the turn's count: a merged delivery is one take)."""
-        items = self._box.items
+        box = self._box
+        items = box.items
         if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
-            # A plain row is made the output it stands for, once.
-            output = items[1] = as_output(items[1])  # type: ignore[arg-type]
-            return output
+            output = items[1]
+            if type(output) is int:  # a plain one is made the output it stands for, once
+                tokens = box.tokens
+                output = items[1] = plain_output(self._request_id, tokens[:output])
+                del tokens[:len(output.new_token_ids)]
+            return output  # type: ignore[return-value]
         return None
 
-    def take_plain(self, limit: int) -> list[Any]:
+    def take_plain(self, limit: int) -> tuple[list[Any], list[int]] | None:
         """Take the *plain* outputs buffered at the head, at most ``limit``: those that bring
-        tokens alone (``count(None) == PLAIN_NONES``: no finish, logprobs, prefill stats,
-        events, mask, transfer parameters or anything else), as one flat list of batch
-        timestamps and outputs (``[ts, output, ts, output, ...]``), each output either an
-        :class:`EngineCoreOutput` or the :data:`~anyio_genout.protocol.PlainRow` the reader
-        got (index them: ``[1]`` is the new token ids); :attr:`timestamp` is then the last
-        one's. Empty once the stream ended. The generate layer's coalescing takes a run of
-        plain steps with one call, where :meth:`peek_output` and
-        :meth:`receive_output_nowait` would cost two per step and an output object each
-        (outside the turn's count, as they are). A plain output never ends the stream, so
-        the state stays RUNNING."""
+        tokens alone (no finish, logprobs, prefill stats, events, mask, transfer parameters
+        or anything else; as the reader buffers them, or ``count(None) == PLAIN_NONES``),
+        as ``(steps, tokens)``: ``steps`` a flat list of each one's batch timestamp and
+        number of new tokens (``[ts, n, ts, n, ...]``), ``tokens`` all their new token ids
+        in order. :attr:`timestamp` is then the last one's. None if there is none (or the
+        stream ended). The generate layer's coalescing takes a run of plain steps with one
+        call, where :meth:`peek_output` and :meth:`receive_output_nowait` would cost two per
+        step and an output object each (outside the turn's count, as they are). A plain
+        output never ends the stream, so the state stays RUNNING."""
         if self._state is not StreamState.RUNNING:
-            return []
-        items = self._box.items
+            return None
+        box = self._box
+        items = box.items
         n = len(items)
-        # Everything buffered, when every output is a plain row (a list: the reader buffers
-        # only plain outputs as their rows) and there are no more than ``limit``: one C pass
-        # over the types and a copy, where the loop below costs about 100 ns a step. Items
-        # come in pairs (batch timestamp, output) or as one error that ends the stream, so
-        # n / 2 lists among n items mean n / 2 pairs of a timestamp and a row.
-        if 1 < n <= 2 * limit and list(map(type, items)).count(list) * 2 == n:
-            taken: list[Any] = list(items)
+        # Everything buffered, when every output is plain as the reader buffers it (an int:
+        # its token count) and there are no more than ``limit``: one C pass over the types
+        # and two swaps, where the loop below costs about 100 ns a step. Items come in
+        # pairs (batch timestamp, output) or as one error that ends the stream, so n / 2
+        # ints among n items mean n / 2 pairs of a timestamp and a token count.
+        if 1 < n <= 2 * limit and list(map(type, items)).count(int) * 2 == n:
+            steps: list[Any] = list(items)
             items.clear()
-            self.timestamp = taken[-2]
-            return taken
-        taken = []
+            tokens = box.tokens
+            box.tokens = []
+            self.timestamp = steps[-2]
+            return steps, tokens
+        steps = []
+        taken: list[int] = []
+        pending = box.tokens
+        at = 0  # how many of `pending` the steps taken so far own
         popleft = items.popleft
-        append = taken.append
-        while limit and len(items) > 1 and type(items[0]) is float and (
-                type(items[1]) is list
-                or items[1].count(None) == _PLAIN_NONES):  # type: ignore[union-attr]
-            append(popleft())
-            append(popleft())
+        while limit and len(items) > 1 and type(items[0]) is float:
+            output: Any = items[1]
+            if type(output) is int:
+                count = output
+                taken += pending[at:at + count]
+                at += count
+            elif output.count(None) == _PLAIN_NONES:
+                new = output.new_token_ids
+                taken += new
+                count = len(new)
+            else:
+                break
+            steps.append(popleft())
+            popleft()
+            steps.append(count)
             limit -= 1
-        if taken:
-            self.timestamp = taken[-2]
-        return taken
+        if not steps:
+            return None
+        del pending[:at]
+        self.timestamp = steps[-2]
+        return steps, taken
 
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")
@@ -343,21 +366,35 @@ class EngineCoreOutputStream:
         per output). None only while none is buffered; raises :class:`anyio.EndOfStream`
         once the stream ended, and what ``__anext__`` raises."""
         output = self._take()
-        return None if output is None else as_output(output)
+        return None if output is None else self._output(output)
 
-    def _take(self) -> EngineCoreOutput | PlainRow | None:
-        """:meth:`receive_output_nowait`, a plain output as its row."""
+    def _output(self, output: EngineCoreOutput | PlainStep) -> EngineCoreOutput:
+        """The output a taken one stands for (a plain step's is made)."""
+        if type(output) is list:
+            return plain_output(self._request_id, output)
+        return output  # type: ignore[return-value]
+
+    def _take(self) -> EngineCoreOutput | PlainStep | None:
+        """:meth:`receive_output_nowait`, a plain output as its token ids."""
         if self._state is not StreamState.RUNNING:
             raise anyio.EndOfStream
-        items = self._box.items
+        box = self._box
+        items = box.items
         if items:  # an output is two entries: its batch timestamp, then the output
             item = items.popleft()
             if type(item) is float:
                 self.timestamp = item
                 output = items.popleft()
-                if type(output) is not list and \
-                        output.finish_reason is not None:  # type: ignore[union-attr]
-                    self._state = StreamState.FINISHED  # (a plain row never finishes)
+                if type(output) is int:  # plain: its tokens lead the mailbox's
+                    tokens = box.tokens
+                    if len(tokens) == output:  # all of them (the common case): no copy
+                        box.tokens = []
+                        return tokens
+                    new = tokens[:output]
+                    del tokens[:output]
+                    return new
+                if output.finish_reason is not None:  # type: ignore[union-attr]
+                    self._state = StreamState.FINISHED
                 return output  # type: ignore[return-value]
             self._fail(item)
         if self._box.closed:

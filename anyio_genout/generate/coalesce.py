@@ -25,8 +25,6 @@ per_step=True)`` turns it off: one output per engine step.
 from __future__ import annotations
 
 import time
-from itertools import chain
-from operator import itemgetter
 from typing import Any, Final
 
 import attrs
@@ -44,7 +42,6 @@ __all__ = ["MAX_MERGED", "Merge", "gather"]
 #: checkpoint policy's bound: its turn is checked between deliveries, not inside one.
 MAX_MERGED: Final = 64
 
-_new_token_ids: Final = itemgetter(1)  # of an output, or of a plain row
 
 
 @attrs.define(slots=True, eq=False)
@@ -114,25 +111,28 @@ def _joins(merge: Merge, output: EngineCoreOutput) -> bool:
             and (output.ec_transfer_params is None or merge.ec_params is None))
 
 
-def _add_plain_run(merge: Merge, run: list[Any], tracker: RequestTracker,
+def _add_plain_run(merge: Merge, steps: list[Any], new: list[int], tracker: RequestTracker,
                    matcher: StopSequenceMatcher | None) -> bool:
-    """Add ``run`` (:meth:`~.EngineCoreOutputStream.take_plain`'s flat list of batch
-    timestamps and plain outputs, which ``[1]`` gives the tokens of) to ``merge``, the
-    steps observed by ``tracker``; True if a stop token sequence matched (the steps after
-    it are dropped unobserved: the stream closes there, as it would drop them)."""
+    """Add a run of plain steps (:meth:`~.EngineCoreOutputStream.take_plain`'s: ``steps``
+    a flat list of each one's batch timestamp and token count, ``new`` their token ids in
+    order) to ``merge``, the steps observed by ``tracker``; True if a stop token sequence
+    matched (the steps after it are dropped unobserved: the stream closes there, as it
+    would drop them)."""
     tokens = merge.tokens
     if matcher is None:  # the common case: the whole run at once
-        tracker.observe_steps(run, None)
-        tokens.extend(chain.from_iterable(map(_new_token_ids, run[1::2])))
-        merge.steps += len(run) >> 1
+        tracker.observe_steps(steps, None)
+        tokens.extend(new)
+        merge.steps += len(steps) >> 1
         return False
-    for i in range(0, len(run), 2):
-        new = run[i + 1][1]
-        tracker.observe_steps(run[i:i + 2], None)
+    at = 0
+    for i in range(0, len(steps), 2):
+        step = new[at:at + steps[i + 1]]
+        at += steps[i + 1]
+        tracker.observe_steps(steps[i:i + 2], None)
         merge.steps += 1
         offset = len(tokens)
-        tokens.extend(new)
-        matched = matcher.feed(new)
+        tokens.extend(step)
+        matched = matcher.feed(step)
         if matched is not None:
             merge.matched = (offset + matched[0], matched[1])
             merge.received_at = time.time()  # the finish's time
@@ -154,7 +154,7 @@ def gather(raw: EngineCoreOutputStream, tracker: RequestTracker,
         # Plain steps (tokens alone) join such a merge whatever it holds: take the run of
         # them in one call, and only then what needs the general loop below.
         run = raw.take_plain(MAX_MERGED - merge.steps)
-        if run and _add_plain_run(merge, run, tracker, matcher):
+        if run is not None and _add_plain_run(merge, *run, tracker, matcher):
             return merge
     while merge.steps < MAX_MERGED:
         output = raw.peek_output()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final, final
 import anyio
 
 from ..engine import EngineCoreClient, EngineCoreOutputStream
+from ..engine.stream import PlainStep
 from ..errors import EngineDeadError, SamplingMaskMismatchError
 from ..metrics import Metrics, RequestTracker
 from ..protocol import (
@@ -23,7 +24,7 @@ from ..protocol import (
     EngineCoreOutput,
     EngineCoreRequest,
 )
-from ..protocol.outputs import PlainRow, stream_fields
+from ..protocol.outputs import stream_fields
 from .abort_cause import AbortCause, record_abort
 from .coalesce import Merge, gather
 from .inflight import AbortedIds, InflightGuard, InflightRequests
@@ -367,20 +368,29 @@ class GenerateStream:
         self._guard = self._inflight.track(self._external_id, new.request_id)
         return new
 
-    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput | PlainRow,
+    def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput | PlainStep,
                  plain: bool) -> list[int] | GenerateOutput:
         """The :class:`GenerateOutput` of ``output``, just received, merged with the outputs
         buffered behind it (:mod:`.coalesce`), the metrics updated: OUTPUT or TERMINAL. With
         ``plain`` (:meth:`receive`), a plain step (or a merge of them) as its token ids."""
         tracker = self._tracker
         assert tracker is not None
-        # One C call instead of a field lookup per use (this runs once per token).
-        (rid, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, kv_params,
-         ec_params, prefill, mask, spec_metrics, prompt_token_id_logprobs) = stream_fields(output)
-        # The wall clock matters only for time to first token and end-to-end latency.
-        received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
-                       else 0.0)
-        tracker.observe_output(raw.timestamp, received_at, output)
+        if type(output) is list:  # a plain step: its token ids and nothing else
+            tokens = output
+            rid = raw.request_id
+            logprobs = prompt_logprobs = finish_reason = stop_reason = kv_params = \
+                ec_params = prefill = mask = spec_metrics = prompt_token_id_logprobs = None
+            received_at = time.time() if tracker.is_prefilling else 0.0
+            tracker.observe_plain(raw.timestamp, received_at, len(tokens))
+        else:
+            # One C call instead of a field lookup per use (this runs once per delivery).
+            (rid, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, kv_params,
+             ec_params, prefill, mask, spec_metrics,
+             prompt_token_id_logprobs) = stream_fields(output)
+            # The wall clock matters only for time to first token and end-to-end latency.
+            received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
+                           else 0.0)
+            tracker.observe_output(raw.timestamp, received_at, output)
         state = self._state
         prompt_info = None
         if state is not _STREAMING:  # FIRST or CONTINUING: the engine request's first

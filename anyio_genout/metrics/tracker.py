@@ -185,18 +185,23 @@ class RequestTracker:
         if n:
             self._observe_step(batch_timestamp, received_at, n, prefill)
 
+    def observe_plain(self, batch_timestamp: float, received_at: float, n: int) -> None:
+        """:meth:`observe_output` of an output that brings ``n`` new tokens and nothing else
+        (a plain step, taken alone)."""
+        if n:
+            self._observe_step(batch_timestamp, received_at, n, None)
+
     def observe_steps(self, steps: Sequence[Any], received_at: float | None) -> None:
-        """Fold in the tokens of ``steps``, this request's outputs in order as a flat
-        sequence of batch timestamps and outputs (``[ts, output, ts, output, ...]``; an
-        output may be a :data:`~anyio_genout.protocol.PlainRow`: only ``[1]``, its new token
-        ids, is read) that bring nothing else (no prefill stats, no events): what
+        """Fold in ``steps``, this request's outputs in order that bring tokens and nothing
+        else (no prefill stats, no events), as a flat sequence of each one's batch
+        timestamp and number of new tokens (``[ts, n, ts, n, ...]``): what
         :meth:`observe_output` does for each, in one call for a run of merged plain steps.
         ``received_at``: as there, or None to read the clock if a first token comes."""
         last = self._last_token_ts
         if last <= 0.0:  # the first token may be among them (TTFT): step by step
             step = self._observe_step
             for k in range(1, len(steps), 2):
-                n = len(steps[k][1])
+                n = steps[k]
                 if n:
                     step(steps[k - 1], received_at, n, None)
             return
@@ -209,7 +214,7 @@ class RequestTracker:
         itl_sum = series.itl_sum
         total = 0
         for k in range(1, len(steps), 2):
-            n = len(steps[k][1])
+            n = steps[k]
             if n:
                 ts = steps[k - 1]
                 total += n

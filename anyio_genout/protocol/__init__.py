@@ -54,6 +54,7 @@ from .outputs import (
     UtilityReply,
     as_output,
     finish_reason_label,
+    plain_output,
 )
 from .request_decode import AbortRequest, AddRequest, UtilityRequest, decode_request
 from .requests import (
@@ -80,5 +81,5 @@ __all__ = [
     "decode_batch_or_other", "decode_outputs", "decode_ready_response", "decode_request",
     "decode_status", "encode_abort", "encode_add", "encode_array", "encode_init",
     "encode_outputs", "encode_ready_response", "encode_status", "encode_utility",
-    "engine_identity", "finish_reason_label", "identity_rank",
+    "engine_identity", "finish_reason_label", "identity_rank", "plain_output",
 ]

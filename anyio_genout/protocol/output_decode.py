@@ -187,7 +187,8 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput | 
     and otherwise at most the fields that start and end a request: ``finish_reason``,
     ``stop_reason`` and ``prefill_stats`` (see :func:`_convert_plain_extras`). Counting the
     nils tells which: padded to 19 fields, with those three set, :data:`_PLAIN_NILS` (16)
-    nils mean every other field is nil and there is nothing to convert; 13 to 15 nils mean
+    nils mean every other field is nil and, with no NaNs counted in the logits, there is
+    nothing to convert (with some, the row is made an output); 13 to 15 nils mean
     up to three others are set, which :func:`_convert_plain_extras` converts if they are the
     plain extras. Any other row is replaced in place by :func:`_decode_output`, which
     validates every field and names the bad one.
@@ -214,7 +215,8 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput | 
                             break
                     else:
                         nils = row.count(None)
-                        if nils == 16:  # _PLAIN_NILS: a plain row stays the list it is
+                        if nils == 16 and not row[13]:  # _PLAIN_NILS, and no NaNs:
+                            # a plain row stays the list it is
                             index += 1
                             continue
                         if nils >= 13 and _convert_plain_extras(row, 16 - nils):

@@ -48,6 +48,7 @@ __all__ = [
     "UtilityOutput",
     "UtilityReply",
     "as_output",
+    "plain_output",
     "finish_reason_label",
 ]
 
@@ -211,11 +212,20 @@ PLAIN_NONES: Final = len(EngineCoreOutput._fields) - 3
 
 #: A *plain* output as the hot-path decoder leaves it: the decoded row, a list of an
 #: :class:`EngineCoreOutput`'s fields in order (19) with every optional one None
-#: (``count(None) == PLAIN_NONES``). Indexing it gives what indexing the output would;
-#: ``as_output(row)`` makes the output.
+#: (``count(None) == PLAIN_NONES``) and no NaNs in the logits (``num_nans_in_logits`` 0),
+#: so its request id and new token ids are all it says. Indexing it gives what indexing
+#: the output would; ``as_output(row)`` makes the output.
 PlainRow = list[Any]
 
 _tuple_new: Final = tuple.__new__  # EngineCoreOutput(...) without its Python __new__
+#: A plain output's fields after ``request_id`` and ``new_token_ids``: their defaults.
+_PLAIN_TAIL: Final = tuple(EngineCoreOutput._field_defaults.values())
+
+
+def plain_output(request_id: str, new_token_ids: list[int]) -> EngineCoreOutput:
+    """The plain :class:`EngineCoreOutput` of a step that brought ``new_token_ids`` alone
+    (what a :data:`PlainRow` of them stands for), without the constructor's Python code."""
+    return _tuple_new(EngineCoreOutput, (request_id, new_token_ids, *_PLAIN_TAIL))
 
 
 def as_output(output: EngineCoreOutput | PlainRow) -> EngineCoreOutput:

@@ -217,7 +217,7 @@ def test_a_run_of_steps_records_what_the_steps_one_by_one_record(
     for ts, n in stamps:
         output = EngineCoreOutput("r", list(range(n)))
         single.observe_output(ts, 1.0, output)
-        steps += [ts, output]
+        steps += [ts, n]
     start, cut = 0, 0
     while start < len(steps):
         end = start + 2 * cuts[cut % len(cuts)]
