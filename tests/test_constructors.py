@@ -12,7 +12,7 @@ from anyio_genout import EngineCoreOutputStream, GenerateStream, TextStream
 
 @pytest.mark.parametrize(("cls", "args", "kwargs", "hint"), [
     (GenerateStream, 4, {"callers_ids": False}, "client.generate(request)"),
-    (EngineCoreOutputStream, 5, {}, "EngineCoreClient.call()"),
+    (EngineCoreOutputStream, 6, {}, "EngineCoreClient.call()"),
     (TextStream, 4, {}, "text_client.generate(request)"),
 ])
 def test_a_stream_has_no_public_constructor(cls: Any, args: int, kwargs: dict[str, Any],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, cast, final
 
 import anyio
 
@@ -24,7 +24,7 @@ from ..protocol import (
     EngineCoreOutput,
     EngineCoreRequest,
 )
-from ..protocol.outputs import stream_fields
+from ..protocol.outputs import STREAM_FIELDS, StreamFields, stream_fields
 from .abort_cause import AbortCause, record_abort
 from .coalesce import Merge, gather
 from .inflight import AbortedIds, InflightGuard, InflightRequests
@@ -52,6 +52,7 @@ _RECEIVE: Final = Event.RECEIVE
 _STREAMING: Final = Phase.STREAMING
 _FINISHED: Final = Phase.FINISHED
 _ENDED: Final = Phase.ENDED
+_NO_FIELDS: Final = (None,) * (len(STREAM_FIELDS) - 2)  # a plain step's after its tokens
 
 
 @final
@@ -66,13 +67,12 @@ class GenerateStream:
     an output while another one does gets :class:`anyio.BusyResourceError` at once.
 
     Its life is one :class:`.state.Phase`, changed only through :mod:`.state`'s table; a
-    misuse (reading before entering, entering twice) raises
-    :class:`.state.StreamStateError` (a RuntimeError) naming the phase. With
-    ``ClientConfig(migration_limit=N)`` a request whose engine dies moves to a live one, up
-    to N times, without a gap (:class:`.migration.Migration`, docs/reliability.md).
-    Outputs that wait while the consumer is busy come merged into one (:mod:`.coalesce`,
-    docs/lifecycle.md "Coalescing"); ``client.generate(request, per_step=True)``: one
-    output per engine step.
+    misuse (reading before entering, entering twice) raises :class:`.state.StreamStateError`
+    (a RuntimeError) naming the phase. With ``ClientConfig(migration_limit=N)`` a request
+    whose engine dies moves to a live one, up to N times, without a gap
+    (:class:`.migration.Migration`, docs/reliability.md). Outputs that wait while the
+    consumer is busy come merged into one (:mod:`.coalesce`, docs/lifecycle.md
+    "Coalescing"); ``client.generate(request, per_step=True)``: one output per step.
     """
 
     __slots__ = ("_aborted", "_coalesce", "_engine", "_engine_request", "_external_id",
@@ -86,7 +86,7 @@ class GenerateStream:
         """Made by :meth:`Client.generate` only. ``callers_ids``: the engine knows the
         request by the caller's id, so an aborted id is refused a while (:class:`AbortedIds`);
         ``migration_limit``: how many times the request may move when its engine dies;
-        ``per_step``: one output per engine step (no coalescing, :mod:`.coalesce`)."""
+        ``per_step``: one output per engine step (no :mod:`.coalesce`)."""
         if _made_by is not _MADE_HERE:
             raise TypeError("GenerateStream has no public constructor: use "
                             "`async with client.generate(request) as stream`")
@@ -107,8 +107,7 @@ class GenerateStream:
         self._matcher = (StopSequenceMatcher(
             sequences, engine_request.sampling_params.min_tokens) if sequences else None)
         self._migration_limit = migration_limit
-        # Made on entry when the request may move (the delivered tokens, the moves).
-        self._migration: Migration | None = None
+        self._migration: Migration | None = None  # made on entry if the request may move
         # In FINISHED: the terminal output's (received_at, label), recorded when the caller
         # next touches the stream (a layer above may re-label it: close(cause)).
         self._finish_pending: tuple[float, str] | None = None
@@ -337,8 +336,7 @@ class GenerateStream:
             return self._deliver(raw, output, plain)
 
     def _failed(self, raw: EngineCoreOutputStream) -> None:
-        """ERROR, if what ``raw`` just raised ends it (not a second consumer's
-        BusyResourceError, nor the end of a stream closed meanwhile)."""
+        """ERROR, if what ``raw`` raised ends it (not a BusyResourceError, nor close())."""
         if raw.terminated:
             self._step(Event.ERROR)
 
@@ -370,27 +368,20 @@ class GenerateStream:
 
     def _deliver(self, raw: EngineCoreOutputStream, output: EngineCoreOutput | PlainStep,
                  plain: bool) -> list[int] | GenerateOutput:
-        """The :class:`GenerateOutput` of ``output``, just received, merged with the outputs
-        buffered behind it (:mod:`.coalesce`), the metrics updated: OUTPUT or TERMINAL. With
-        ``plain`` (:meth:`receive`), a plain step (or a merge of them) as its token ids."""
+        """OUTPUT or TERMINAL: the :class:`GenerateOutput` of ``output`` and what waits behind
+        it (:mod:`.coalesce`), metrics updated; ``plain`` (:meth:`receive`): a plain one as ids."""
         tracker = self._tracker
         assert tracker is not None
-        if type(output) is list:  # a plain step: its token ids and nothing else
-            tokens = output
-            rid = raw.request_id
-            logprobs = prompt_logprobs = finish_reason = stop_reason = kv_params = \
-                ec_params = prefill = mask = spec_metrics = prompt_token_id_logprobs = None
-            received_at = time.time() if tracker.is_prefilling else 0.0
-            tracker.observe_plain(raw.timestamp, received_at, len(tokens))
-        else:
-            # One C call instead of a field lookup per use (this runs once per delivery).
-            (rid, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, kv_params,
-             ec_params, prefill, mask, spec_metrics,
-             prompt_token_id_logprobs) = stream_fields(output)
-            # The wall clock matters only for time to first token and end-to-end latency.
-            received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
-                           else 0.0)
-            tracker.observe_output(raw.timestamp, received_at, output)
+        # One C call instead of a field lookup per use (this runs once per delivery); a plain
+        # step (a list) is its token ids and nothing else.
+        (rid, tokens, logprobs, prompt_logprobs, finish_reason, stop_reason, kv_params, ec_params,
+         prefill, mask, spec_metrics, prompt_token_id_logprobs) = (
+            stream_fields(output) if type(output) is not list
+            else cast("StreamFields", (raw.request_id, output, *_NO_FIELDS)))
+        # The wall clock matters only for time to first token and end-to-end latency.
+        received_at = (time.time() if tracker.is_prefilling or finish_reason is not None
+                       else 0.0)
+        tracker.observe_output(raw.timestamp, received_at, output)
         state = self._state
         prompt_info = None
         if state is not _STREAMING:  # FIRST or CONTINUING: the engine request's first

@@ -166,9 +166,10 @@ class RequestTracker:
         self._series = series
 
     def observe_output(
-        self, batch_timestamp: float, received_at: float, output: EngineCoreOutput | PlainRow
+        self, batch_timestamp: float, received_at: float, output: EngineCoreOutput | list[int]
     ) -> None:
-        """Fold in one output of this request.
+        """Fold in one output of this request (a plain step may come as its token ids, as
+        the engine stream gives it).
 
         ``batch_timestamp`` is the carrying ``EngineCoreOutputs.timestamp`` (engine monotonic
         clock); ``received_at`` the front end's ``time.time()`` when the batch arrived. Outputs
@@ -176,6 +177,10 @@ class RequestTracker:
         """
         # The hot path: a decode output (tokens, no prefill stats, no events) costs a few
         # attribute updates and at most one bisect; keep it that way.
+        if type(output) is list:  # a plain step as the stream gives it: its token ids
+            if output:
+                self._observe_step(batch_timestamp, received_at, len(output), None)
+            return
         prefill, events, tokens = _observed_fields(output)
         if prefill is not None:
             self._latest_num_cached_tokens = prefill.num_cached_tokens
@@ -184,12 +189,6 @@ class RequestTracker:
         n = len(tokens)
         if n:
             self._observe_step(batch_timestamp, received_at, n, prefill)
-
-    def observe_plain(self, batch_timestamp: float, received_at: float, n: int) -> None:
-        """:meth:`observe_output` of an output that brings ``n`` new tokens and nothing else
-        (a plain step, taken alone)."""
-        if n:
-            self._observe_step(batch_timestamp, received_at, n, None)
 
     def observe_steps(self, steps: Sequence[Any], received_at: float | None) -> None:
         """Fold in ``steps``, this request's outputs in order that bring tokens and nothing
