@@ -67,8 +67,10 @@ class Parking:
 
     def __init__(self) -> None:
         self.waiter: Any = None
-        # asyncio's: when a woken task next looks for a skipped cancellation (see there).
-        self._next_check = 0.0
+        # asyncio's: when a woken task next looks for a skipped cancellation (see there):
+        # CHECK_INTERVAL after the parking place was made, not at its first wake-up (a
+        # short request's stream would pay the look once per request).
+        self._next_check = _clock() + CHECK_INTERVAL
 
     async def wait(self) -> None:
         """Park until :meth:`wake` (or cancellation).

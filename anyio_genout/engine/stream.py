@@ -112,10 +112,13 @@ class EngineCoreOutputStream:
         # trusted, all on the perf_counter clock.
         # The first turn starts now: a consumer that finds its outputs buffered at its first
         # read (the reader got there first) still yields after 1 ms, not after 64 outputs.
-        self._turn_end = _clock() + TIME_SLICE
+        now = _clock()
+        self._turn_end = now + TIME_SLICE
         self._deadline = _INF
         self._deadline_fresh = 0.0
-        self._yielded = 0.0  # when the consumer last yielded
+        # When the consumer last yielded: for its first turn, when the stream was made (its
+        # first wait counts as congested only if it lasted CONGESTED or more).
+        self._yielded = now
         self._closed = False
         #: The engine batch timestamp of the output read last (0.0 before the first).
         self.timestamp = 0.0
