@@ -14,7 +14,6 @@ import anyio.lowlevel
 
 from ..errors import RequestStreamClosedError
 from ..protocol import EngineCoreOutput, EngineCoreRequest, plain_output
-from ..protocol.outputs import PLAIN_NONES
 from .mailbox import EngineCoreStreamOutput, OutputMailbox
 from .pace import ReaderPace
 
@@ -50,7 +49,6 @@ _clock: Final = time.perf_counter
 #: the list of its new token ids.
 PlainStep = list[int]
 _INF: Final = math.inf
-_PLAIN_NONES: Final = PLAIN_NONES
 
 _tuple_new: Final = tuple.__new__  # EngineCoreStreamOutput(...) without its Python __new__
 
@@ -283,66 +281,27 @@ class EngineCoreOutputStream:
         if len(items) > 1 and self._state is StreamState.RUNNING and type(items[0]) is float:
             output = items[1]
             if type(output) is int:  # a plain one is made the output it stands for, once
-                tokens = box.tokens
-                output = items[1] = plain_output(self._request_id, tokens[:output])
-                del tokens[:len(output.new_token_ids)]
+                output = items[1] = plain_output(self._request_id, box.take_tokens(output))
             return output  # type: ignore[return-value]
         return None
 
     def take_plain(self, limit: int) -> tuple[list[Any], list[int]] | None:
         """Take the *plain* outputs buffered at the head, at most ``limit``: those that bring
         tokens alone (no finish, logprobs, prefill stats, events, mask, transfer parameters
-        or anything else; as the reader buffers them, or ``count(None) == PLAIN_NONES``),
-        as ``(steps, tokens)``: ``steps`` a flat list of each one's batch timestamp and
-        number of new tokens (``[ts, n, ts, n, ...]``), ``tokens`` all their new token ids
-        in order. :attr:`timestamp` is then the last one's. None if there is none (or the
-        stream ended). The generate layer's coalescing takes a run of plain steps with one
-        call, where :meth:`peek_output` and :meth:`receive_output_nowait` would cost two per
-        step and an output object each (outside the turn's count, as they are). A plain
-        output never ends the stream, so the state stays RUNNING."""
+        or anything else), as ``(steps, tokens)``: ``steps`` a flat list of each one's batch
+        timestamp and number of new tokens (``[ts, n, ts, n, ...]``), ``tokens`` all their
+        new token ids in order (:meth:`.OutputMailbox.take_plain`). :attr:`timestamp` is
+        then the last one's. None if there is none (or the stream ended). The generate
+        layer's coalescing takes a run of plain steps with one call, where
+        :meth:`peek_output` and :meth:`receive_output_nowait` would cost two per step and an
+        output object each (outside the turn's count, as they are). A plain output never
+        ends the stream, so the state stays RUNNING."""
         if self._state is not StreamState.RUNNING:
             return None
-        box = self._box
-        items = box.items
-        n = len(items)
-        # Everything buffered, when every output is plain as the reader buffers it (an int:
-        # its token count) and there are no more than ``limit``: one C pass over the types
-        # and two swaps, where the loop below costs about 100 ns a step. Items come in
-        # pairs (batch timestamp, output) or as one error that ends the stream, so n / 2
-        # ints among n items mean n / 2 pairs of a timestamp and a token count.
-        if 1 < n <= 2 * limit and list(map(type, items)).count(int) * 2 == n:
-            steps: list[Any] = list(items)
-            items.clear()
-            tokens = box.tokens
-            box.tokens = []
-            self.timestamp = steps[-2]
-            return steps, tokens
-        steps = []
-        taken: list[int] = []
-        pending = box.tokens
-        at = 0  # how many of `pending` the steps taken so far own
-        popleft = items.popleft
-        while limit and len(items) > 1 and type(items[0]) is float:
-            output: Any = items[1]
-            if type(output) is int:
-                count = output
-                taken += pending[at:at + count]
-                at += count
-            elif output.count(None) == _PLAIN_NONES:
-                new = output.new_token_ids
-                taken += new
-                count = len(new)
-            else:
-                break
-            steps.append(popleft())
-            popleft()
-            steps.append(count)
-            limit -= 1
-        if not steps:
-            return None
-        del pending[:at]
-        self.timestamp = steps[-2]
-        return steps, taken
+        run = self._box.take_plain(limit)
+        if run is not None:
+            self.timestamp = run[0][-2]
+        return run
 
     def _busy(self) -> anyio.BusyResourceError:
         error = anyio.BusyResourceError("iterating")
@@ -389,13 +348,7 @@ class EngineCoreOutputStream:
                 self.timestamp = item
                 output = items.popleft()
                 if type(output) is int:  # plain: its tokens lead the mailbox's
-                    tokens = box.tokens
-                    if len(tokens) == output:  # all of them (the common case): no copy
-                        box.tokens = []
-                        return tokens
-                    new = tokens[:output]
-                    del tokens[:output]
-                    return new
+                    return box.take_tokens(output)
                 if output.finish_reason is not None:  # type: ignore[union-attr]
                     self._state = StreamState.FINISHED
                 return output  # type: ignore[return-value]
