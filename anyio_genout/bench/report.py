@@ -128,6 +128,13 @@ def _status(ok: bool | None) -> str:
     return "N/A" if ok is None else ("PASS" if ok else "MISS")
 
 
+def _target(name: str, backend: str, value: float | None, limit: float, ok: bool | None,
+            detail: str) -> Result:
+    """One target's row: PASS, MISS, or N/A when ``ok`` is None (nothing to compare)."""
+    return {"target": name, "backend": backend, "value": value, "limit": limit,
+            "status": _status(ok), "detail": detail}
+
+
 def _targets(results: Sequence[Result], floor: dict[tuple[str, int], Result],
              ref: dict[tuple[str, int], Result], have_vllm: bool) -> list[Result]:
     ours = {(r["backend"], r["workload"], r["concurrency"]): r
@@ -144,25 +151,21 @@ def _targets(results: Sequence[Result], floor: dict[tuple[str, int], Result],
             if r is None:
                 continue
             value = _ratio(r.get("cpu_us_per_token"), f and f.get("cpu_us_per_token"))
-            found.append({
-                "target": f"CPU/token @{concurrency} streams <= {limit:g}x floor",
-                "backend": backend, "value": value, "limit": limit,
-                "status": _status(None if value is None else value <= limit),
-                "detail": _detail(value, "x floor", r.get("cpu_us_per_token"),
-                                  f and f.get("cpu_us_per_token"), "us/token"),
-            })
+            found.append(_target(
+                f"CPU/token @{concurrency} streams <= {limit:g}x floor", backend, value, limit,
+                None if value is None else value <= limit,
+                _detail(value, "x floor", r.get("cpu_us_per_token"),
+                        f and f.get("cpu_us_per_token"), "us/token")))
     for backend in backends:
         r = next((x for (b, w, _c), x in ours.items() if b == backend and w == "lateness"),
                  None)
         if r is None or r.get("lateness_p99_ms") is None:
             continue
         p99, worst = r["lateness_p99_ms"], r.get("lateness_worst_round_max_ms")
-        found.append({
-            "target": f"lateness p99 <= {LATENESS_P99_MS:g} ms, max <= {LATENESS_MAX_MS:g} ms",
-            "backend": backend, "value": p99, "limit": LATENESS_P99_MS,
-            "status": _status(bool(r.get("lateness_target_met"))),
-            "detail": f"p99 {p99:.1f} ms, worst round's max {worst or 0:.1f} ms",
-        })
+        found.append(_target(
+            f"lateness p99 <= {LATENESS_P99_MS:g} ms, max <= {LATENESS_MAX_MS:g} ms", backend,
+            p99, LATENESS_P99_MS, bool(r.get("lateness_target_met")),
+            f"p99 {p99:.1f} ms, worst round's max {worst or 0:.1f} ms"))
     for concurrency, limit in TPS_X_VLLM_LIMITS.items():
         v = ref.get(("throughput", concurrency))
         for backend in backends:
@@ -170,26 +173,22 @@ def _targets(results: Sequence[Result], floor: dict[tuple[str, int], Result],
             if r is None:
                 continue
             value = _ratio(r.get("tokens_per_s"), v and v.get("tokens_per_s"))
-            found.append({
-                "target": f"tokens/s @{concurrency} >= {limit:g}x vLLM", "backend": backend,
-                "value": value, "limit": limit,
-                "status": _status(None if value is None else value >= limit),
-                "detail": _detail(value, "x vLLM", r.get("tokens_per_s"),
-                                  v and v.get("tokens_per_s"), "tok/s") or no_vllm,
-            })
+            found.append(_target(
+                f"tokens/s @{concurrency} >= {limit:g}x vLLM", backend, value, limit,
+                None if value is None else value >= limit,
+                _detail(value, "x vLLM", r.get("tokens_per_s"),
+                        v and v.get("tokens_per_s"), "tok/s") or no_vllm))
     v = ref.get(("churn", _first_concurrency(ref, "churn")))
     for backend in backends:
         r = next((x for (b, w, _c), x in ours.items() if b == backend and w == "churn"), None)
         if r is None:
             continue
         value = _ratio(r.get("cpu_us_per_request"), v and v.get("cpu_us_per_request"))
-        found.append({
-            "target": f"churn CPU/request <= {CHURN_CPU_FRACTION:.0%} of vLLM",
-            "backend": backend, "value": value, "limit": CHURN_CPU_FRACTION,
-            "status": _status(None if value is None else value <= CHURN_CPU_FRACTION),
-            "detail": _detail(value, "of vLLM", r.get("cpu_us_per_request"),
-                              v and v.get("cpu_us_per_request"), "us/request") or no_vllm,
-        })
+        found.append(_target(
+            f"churn CPU/request <= {CHURN_CPU_FRACTION:.0%} of vLLM", backend, value,
+            CHURN_CPU_FRACTION, None if value is None else value <= CHURN_CPU_FRACTION,
+            _detail(value, "of vLLM", r.get("cpu_us_per_request"),
+                    v and v.get("cpu_us_per_request"), "us/request") or no_vllm))
     for backend in backends:
         r = next((x for (b, w, _c), x in ours.items() if b == backend and w == "memory"), None)
         if r is None:
@@ -198,14 +197,10 @@ def _targets(results: Sequence[Result], floor: dict[tuple[str, int], Result],
         count = r.get("requests")
         full = count is not None and count >= MEMORY_REQUESTS
         ok = bool(r.get("held")) and per is not None and per < MEMORY_LIMIT
-        found.append({
-            "target": "10,000 in flight, < 10 KiB each", "backend": backend,
-            "value": per, "limit": MEMORY_LIMIT,
-            "status": _status(ok if full else None),
-            "detail": (f"{r.get('inflight')} of {count} in flight, "
-                       f"{(per or 0) / 1024:.2f} KiB/request"
-                       + ("" if full else f" (only {count} requests: quick run)")),
-        })
+        found.append(_target(
+            "10,000 in flight, < 10 KiB each", backend, per, MEMORY_LIMIT, ok if full else None,
+            f"{r.get('inflight')} of {count} in flight, {(per or 0) / 1024:.2f} KiB/request"
+            + ("" if full else f" (only {count} requests: quick run)")))
     return found
 
 

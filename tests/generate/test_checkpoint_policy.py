@@ -29,6 +29,19 @@ pytestmark = pytest.mark.anyio
 WORK = 0.001  # seconds of blocking work per output
 
 
+class _Ticker:
+    """Counts the loop passes it gets (a checkpoint each) until ``done`` is set."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.done = anyio.Event()
+
+    async def run(self) -> None:
+        while not self.done.is_set():
+            await anyio.lowlevel.checkpoint()
+            self.ticks += 1
+
+
 async def test_a_timeout_around_a_busy_consumer_fires_within_an_output_or_two() -> None:
     async with generate_cluster() as (client, (engine,)):
         taken_at: list[float] = []
@@ -49,15 +62,8 @@ async def test_a_timeout_around_a_busy_consumer_fires_within_an_output_or_two() 
 
 async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
     async with generate_cluster() as (client, (engine,)):
-        ticks = 0
+        ticker = _Ticker()
         ticks_at_output: list[int] = []  # the ticker's count when each output came
-        done = anyio.Event()
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while not done.is_set():
-                await anyio.lowlevel.checkpoint()
-                ticks += 1
 
         async with anyio.create_task_group() as tg, \
                 client.generate(request("hog", max_tokens=None), per_step=True) as stream:
@@ -66,14 +72,14 @@ async def test_a_busy_consumer_leaves_the_loop_to_others_every_turn() -> None:
             # turns fails the count below instead of waiting forever for more outputs.
             await engine.send([output(internal, [7]) for _ in range(100)]
                               + [output(internal, [7], EngineCoreFinishReason.LENGTH)])
-            tg.start_soon(ticker)
+            tg.start_soon(ticker.run)
             async for out in stream:
-                ticks_at_output.append(ticks)
+                ticks_at_output.append(ticker.ticks)
                 time.sleep(WORK)  # noqa: ASYNC251 - a busy consumer's own work
-                if out.token_ids and ticks > 40:
+                if out.token_ids and ticker.ticks > 40:
                     break
-            done.set()
-        assert ticks > 40, f"the ticker ran {ticks} times over 100 busy outputs"
+            ticker.done.set()
+        assert ticker.ticks > 40, f"the ticker ran {ticker.ticks} times over 100 busy outputs"
         # One turn is the 1 ms slice plus the output that used it up: the ticker runs between
         # every two outputs (after its start).
         started = ticks_at_output.index(next(t for t in ticks_at_output if t > 0))
@@ -130,15 +136,7 @@ async def _passes_per_message(client: Any, engine: Any, *, leave: bool) -> list[
     the stream gives (per step). With ``leave``, another stream is closed early just before
     the reader looks: it then hands over one message a loop pass. None if the machine
     stalled past the reader's hold (pace.HOLD) meanwhile, so the attempt says nothing."""
-    ticks = 0
-    done = anyio.Event()
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            await anyio.lowlevel.checkpoint()
-            ticks += 1
-
+    ticker = _Ticker()
     seen: list[int] = []
     async with anyio.create_task_group() as tg, \
             client.generate(request("kept", max_tokens=None), per_step=True) as kept, \
@@ -147,7 +145,7 @@ async def _passes_per_message(client: Any, engine: Any, *, leave: bool) -> list[
         other = (await engine.receive_add()).request.request_id
         if internal.startswith("left"):
             internal = other
-        tg.start_soon(ticker)
+        tg.start_soon(ticker.run)
         for _ in range(32):
             assert engine.output.send_nowait(encode_outputs(EngineCoreOutputs(
                 engine_index=0, outputs=[output(internal, [7])])))
@@ -158,11 +156,11 @@ async def _passes_per_message(client: Any, engine: Any, *, leave: bool) -> list[
         if leave:
             left.close()  # left before its end: the reader's pace (pace.py)
         async for _out in kept:
-            seen.append(ticks)
+            seen.append(ticker.ticks)
             if len(seen) == 32:
                 break
         elapsed = time.perf_counter() - started
-        done.set()
+        ticker.done.set()
     # Both streams were left early: take their ABORTs (one frame or two), so that the next
     # attempt's ADDs are the next thing the engine reads.
     aborted: set[str] = set()
