@@ -56,7 +56,8 @@ class OutputMailbox(Parking):
     more for the garbage collector to scan (docs/performance.md). For the same reason a
     plain output is kept as no object at all: its token count in ``items`` and its tokens
     appended to ``tokens``, one list for every plain output buffered (its row and token
-    list are freed as the reader reads them, so they never reach a collection).
+    list are freed with the message once the reader has dispatched it, so no collection
+    after that scans them).
 
     ``waiter`` is not None exactly while the consumer is parked; whoever adds an item or
     closes the mailbox then calls :meth:`wake`. The reader inlines :meth:`put_output` as

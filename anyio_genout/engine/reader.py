@@ -51,8 +51,8 @@ logger = logging.getLogger("anyio_genout.engine")
 #: Messages handled per reader pass before yielding to other tasks. Each pass ends with the
 #: consumers draining what it buffered; a longer pass wakes them less often but keeps more
 #: outputs alive at once, which costs more in garbage-collector passes (16 measured best).
+#: While consumers leave, one (engine/pace.py).
 MAX_READ_BATCH: Final = 16
-#: (While consumers leave, one: see pace.py.)
 #: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
 _BURST: Final = 2
 

@@ -43,7 +43,6 @@ __all__ = ["MAX_MERGED", "Merge", "gather"]
 MAX_MERGED: Final = 64
 
 
-
 @attrs.define(slots=True, eq=False)
 class Merge:
     """Several buffered steps of one request added up (the first one's fields to begin)."""

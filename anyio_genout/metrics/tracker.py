@@ -32,7 +32,6 @@ from ..protocol.outputs import (
     EngineCoreEventType,
     EngineCoreFinishReason,
     EngineCoreOutput,
-    PlainRow,
     PrefillStats,
 )
 from .buckets import INTER_TOKEN_LATENCY_BUCKETS
@@ -48,10 +47,9 @@ _ITL_BOUNDS: Final = INTER_TOKEN_LATENCY_BUCKETS
 #: The bounds of each bucket of it: a value v falls in bucket i when lo[i] < v <= hi[i].
 _ITL_LO: Final = (-math.inf, *_ITL_BOUNDS)
 _ITL_HI: Final = (*_ITL_BOUNDS, math.inf)
-#: ``(prefill_stats, events, new_token_ids)`` of an output or of a plain row (which has the
-#: same fields in order), in one C call.
+#: ``(prefill_stats, events, new_token_ids)`` of an output, in one C call.
 _observed_fields: Final = cast(
-    "Callable[[EngineCoreOutput | PlainRow], tuple[PrefillStats | None, "
+    "Callable[[EngineCoreOutput], tuple[PrefillStats | None, "
     "list[EngineCoreEvent] | None, list[int]]]",
     itemgetter(*(EngineCoreOutput._fields.index(name)
                  for name in ("prefill_stats", "events", "new_token_ids"))))
@@ -181,7 +179,7 @@ class RequestTracker:
             if output:
                 self._observe_step(batch_timestamp, received_at, len(output), None)
             return
-        prefill, events, tokens = _observed_fields(output)
+        prefill, events, tokens = _observed_fields(output)  # type: ignore[arg-type]
         if prefill is not None:
             self._latest_num_cached_tokens = prefill.num_cached_tokens
         if events:

@@ -193,10 +193,10 @@ def _decode_rows(rows: list[Any], frames: AuxFrames) -> list[EngineCoreOutput | 
     plain extras. Any other row is replaced in place by :func:`_decode_output`, which
     validates every field and names the bad one.
 
-    What comes back: a row with every optional field nil stays the decoded list (a
-    :data:`~.outputs.PlainRow`: an :class:`EngineCoreOutput`'s fields in order, its tuple
-    made only when a consumer takes it as one, which a merge of plain steps never does);
-    every other row is an :class:`EngineCoreOutput`.
+    What comes back: a row with every optional field nil and no NaNs counted stays the
+    decoded list (a :data:`~.outputs.PlainRow`: an :class:`EngineCoreOutput`'s fields in
+    order; the reader keeps only its token ids, ``as_output`` makes its output where one is
+    asked for); every other row is an :class:`EngineCoreOutput`.
     """
     # The shape constants are spelled as literals here, the cheapest load on this per-token
     # loop (a local measured 1-2 % slower, a global slower still); checked at import.
