@@ -83,6 +83,10 @@ class EngineWatch:
         # Output connection descriptor -> the engine whose messages came on it; ``learning``
         # while an engine up has no known connection (the reader then calls learn()).
         self._fd_engine: dict[int, int] = {}
+        # The same for connections that closed, until their descriptor is accepted again:
+        # what an engine sent before its connection closed (an ENGINE_CORE_DEAD) may be read
+        # after the watcher saw the close, and still names that engine.
+        self._closed_fd_engine: dict[int, int] = {}
         self.learning = True
         # The input monitor's clock when an engine last rejoined (-1: none did).
         self._rejoin_clock = -1
@@ -107,6 +111,8 @@ class EngineWatch:
         except (AttributeError, zmq.ZMQError):  # not a zmq.Frame (in-process): no sources
             self.learning = False
             return
+        if self._closed_fd_engine.get(fd) == engine:
+            return  # read after its connection closed: nothing to learn
         self._fd_engine[fd] = engine
         if all(rank in self._fd_engine.values() for rank in self._live):
             self.learning = False
@@ -125,9 +131,12 @@ class EngineWatch:
             fd = frame.get(zmq.SRCFD)
         except (AttributeError, zmq.ZMQError):
             fd = None
-        rank = self._fd_engine.get(fd) if fd is not None else None
-        if rank is not None:
-            return rank
+        if fd is not None:
+            rank = self._fd_engine.get(fd)
+            if rank is None:
+                rank = self._closed_fd_engine.get(fd)
+            if rank is not None:
+                return rank
         unknown = [r for r in self._live if r not in self._fd_engine.values()]
         if fd is not None and len(unknown) == 1:
             return unknown[0]
@@ -180,11 +189,8 @@ class EngineWatch:
                 if event is None:
                     continue
                 kind = links.update(event)
-                if name == "output" and event.event in (zmq.EVENT_DISCONNECTED,
-                                                        zmq.EVENT_HANDSHAKE_SUCCEEDED):
-                    if event.event == zmq.EVENT_DISCONNECTED:
-                        self._fd_engine.pop(event.value, None)
-                    self.learning = True
+                if name == "output":
+                    self._follow_output(event)
                 if kind == zmq.EVENT_DISCONNECTED:
                     drops.append((name, event.endpoint, links.events))
                 elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -196,6 +202,21 @@ class EngineWatch:
                     self._connected = anyio.Event()
         for name, endpoint, clock in drops:
             self._on_disconnect(name, endpoint, clock)
+
+    def _follow_output(self, event: MonitorEvent) -> None:
+        """Keep the output connections' engines current: a closed connection's engine is
+        remembered for the messages still queued from it, until its descriptor is accepted
+        again (a new connection, to be learnt: so is one whose handshake completed)."""
+        kind = event.event
+        if kind == zmq.EVENT_DISCONNECTED:
+            rank = self._fd_engine.pop(event.value, None)
+            if rank is not None:
+                self._closed_fd_engine[event.value] = rank
+            self.learning = True
+        elif kind == zmq.EVENT_ACCEPTED:
+            self._closed_fd_engine.pop(event.value, None)
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.learning = True
 
     def _on_disconnect(self, name: str, endpoint: str, clock: int) -> None:
         """A connection to the ``name`` socket closed at that monitor's ``clock``."""
