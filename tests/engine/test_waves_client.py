@@ -70,7 +70,10 @@ async def finish(client: EngineCoreClient, request: EngineCoreRequest) -> int:
 
 async def test_the_first_request_wakes_the_other_engines_and_the_group_then_pauses() -> None:
     async with group() as (client, (e0, e1), waves):
-        assert await finish(client, req("a", rank=0)) >= 1
+        # 100 steps (0.1 s at least) give e1, woken, time to step with nothing to do: the
+        # mock's collective lets e0 step while every engine runs, not step for step, so a
+        # 3-step request on a loaded machine ended the wave before e1's loop had a turn.
+        assert await finish(client, req("a", rank=0, max_tokens=100)) >= 1
         # The wake-up is sent with the ADD, but a loaded machine may deliver it after the
         # request's last output: wait for it, then check it came once.
         await wait_until(lambda: member(e1).start_dp_waves and member(e0).start_dp_waves, 5)
