@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from anyio_genout.mock import MockFaults
+from tests.support import wait_until
 
 from .support import (
     BACKEND_PAIRS,
@@ -28,20 +28,28 @@ pytestmark = pytest.mark.anyio
 @BACKEND_PAIRS
 async def test_engine_death_keeps_results_accounts_for_the_rest_and_resumes(
         tmp_path: Path, cli_backend: str) -> None:
-    # 16 at a time, 30 tokens each: the first wave finishes at step 30, the engine sends
-    # ENGINE_CORE_DEAD at step 45, in the middle of the second wave.
+    # 16 at a time, 30 tokens each: the first wave finishes 30 steps after its last request
+    # arrived, and the engine sends ENGINE_CORE_DEAD 45 steps after that arrival, in the
+    # middle of the second wave. Counted from the arrival, not from the engine's first step
+    # (as dead_after_steps would): the child process's 16 ADDs may trickle in over more
+    # than 15 steps on a loaded machine.
     ids = [f"r{i:02d}" for i in range(80)]
     requests = write_lines(tmp_path / "requests.jsonl",
                            [request_line(rid, [5, 6, i], max_tokens=30, ignore_eos=True)
                             for i, rid in enumerate(ids)])
     results = tmp_path / "out.jsonl"
     address = f"tcp://127.0.0.1:{free_port()}"
-    async with engine_for(address, step_time=0.002,
-                          faults=MockFaults(dead_after_steps=45)) as engine:
+    async with engine_for(address, step_time=0.002) as engine:
         async with cli_process("run", str(requests), "-o", str(results), "--concurrency", "16",
                                "--handshake-address", address, "--backend", cli_backend
                                ) as (process, output):
             with anyio.fail_after(20):  # no hang
+                await wait_until(lambda: len(engine.added_ids) >= 16
+                                 or process.returncode is not None, 20)
+                death = engine.steps + 45
+                await wait_until(lambda: engine.steps >= death
+                                 or process.returncode is not None, 20)
+                engine.die("fault injection: dead 45 steps after the first wave arrived")
                 code = await process.wait()
         assert engine.dead
         started = set(external_ids(engine).values())

@@ -39,6 +39,7 @@ from anyio_genout import (
 )
 from anyio_genout.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
 from anyio_genout.testing import input_junk
+from anyio_genout.transport import MonitorEvent
 from tests.cluster import mock_cluster
 from tests.engine.fake import FakeEngine, free_port
 from tests.support import wait_until
@@ -368,9 +369,23 @@ async def test_a_third_party_leaving_and_port_scans_leave_the_client_healthy(
                 tcp = await anyio.connect_tcp(host, port)
                 async with tcp:
                     await tcp.send(b"GET / HTTP/1.0\r\n\r\n")
-            async with raw_pusher(client.output_address) as peer:
+            # A peer whose ZeroMQ handshake completed before it left: closed before that,
+            # it would be one more port scan, never reported. Its monitor is made before it
+            # connects, so the event cannot come first.
+            peer = RawPeer(zmq.PUSH)
+            monitor = peer.socket.monitor(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            try:
+                peer.connect(client.output_address)
                 await peer.send(list(encode_outputs(EngineCoreOutputs())))  # type: ignore[arg-type]
-                await anyio.sleep(0.05)
+                with anyio.fail_after(5):
+                    while True:
+                        event = MonitorEvent.parse(await monitor.receive())
+                        if event is not None and event.event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                            break
+            finally:
+                monitor.close()
+                peer.socket.close(linger=1.0)  # its message leaves before it does
+                peer.close()
             await wait_until(lambda: any("not an engine" in r.getMessage()
                                          for r in caplog.records))
             items, error = await drain(stream)

@@ -78,21 +78,28 @@ async def test_waiting_utility_call_fails_when_the_engine_goes_silent() -> None:
                 await client.get_supported_tasks()
 
 
+@pytest.mark.usefixtures("frozen_heap")
 async def test_live_engine_under_load_is_not_flagged() -> None:
-    """An engine that streams (steps of 10 ms) proves itself alive with every output and is
-    never asked; once idle it is asked again."""
-    async with mock_cluster(mock={"step_time": 0.01}, **LIVENESS) as cluster:
+    """An engine that streams (steps of 10 ms, for about 3 s: several check intervals)
+    proves itself alive with every output and is never asked; once idle it is asked again.
+
+    The check looks every half interval whether anything arrived since its last look, and a
+    stall of the whole process (engine, reader and check share this loop) longer than that
+    makes it ask a live engine: with a 1 s interval only a stall of more than 0.5 s could
+    (the heap is frozen, so no full collection of earlier tests' objects falls in here)."""
+    health = HealthConfig(liveness_interval=1.0, liveness_timeout=0.5)
+    async with mock_cluster(mock={"step_time": 0.01}, health=health) as cluster:
         client = cluster.client
         finished = 0
 
         async def one(i: int) -> None:
             nonlocal finished
-            async with client.call(engine_request(f"r{i}", max_tokens=80)) as stream:
+            async with client.call(engine_request(f"r{i}", max_tokens=300)) as stream:
                 items, error = await drain(stream)
                 assert error is None and items[-1].output.finished
                 finished += 1
 
-        with anyio.fail_after(10):
+        with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
                 for i in range(20):
                     tg.start_soon(one, i)

@@ -169,11 +169,14 @@ async def test_a_rank_out_of_range_is_refused_and_junk_ignored(
             # Junk on the handshake socket after start-up, also under an engine's identity.
             for identity, junk in ((b"stray", [b"\xc1"]), (b"\x00\x00", [b"\xc1"]),
                                    (b"\x01\x00", [b"a", b"b"])):
+                line = f"ignoring a message on the handshake socket from {identity!r}"
                 peer = RawPeer(zmq.DEALER, identity=identity).connect(address)
                 try:
                     await peer.send(junk)
+                    # Left open until the client has read (and logged) it: closed at once
+                    # (linger 0), a message ZeroMQ has not moved yet would be dropped.
+                    await wait_until(lambda line=line: line in caplog.text)
                 finally:
-                    await anyio.sleep(0.05)
                     peer.close()
             stranger = c.new_engine(5, handshake_timeout=0.3)
             with anyio.fail_after(5), pytest.raises(HandshakeTimeoutError):

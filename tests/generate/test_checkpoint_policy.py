@@ -121,10 +121,17 @@ async def test_consumers_woken_past_their_deadline_leave_before_taking_an_output
             await entered.wait()
             internal = [(await engine.receive_add()).request.request_id for _ in range(streams)]
             await anyio.sleep(0.03)  # parked a while: the loop counts as congested for them
+            # Queue the outputs first and hold the loop while ZeroMQ moves them, so the
+            # reader finds them there at its next look however loaded the machine: the
+            # deadline then runs from a moment the consumers are a loop pass or two from
+            # waking, not from before a delivery that may itself take longer than 12 ms.
+            assert engine.output is not None
+            assert engine.output.send_nowait(encode_outputs(EngineCoreOutputs(
+                engine_index=0, outputs=[output(rid, [7]) for rid in internal])))
+            time.sleep(0.02)  # noqa: ASYNC251 - the point is that no task runs meanwhile
             deadline = anyio.current_time() + 0.012
             for scope in scopes:
                 scope.deadline = deadline
-            await engine.send([output(rid, [7]) for rid in internal])
         assert cancelled == streams
         assert len(taken) >= 1, "no consumer took an output before the deadline"
         late = [round((when - limit) * 1e3, 1) for when, limit in taken if when > limit + 0.002]
