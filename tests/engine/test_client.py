@@ -362,8 +362,8 @@ async def test_routing_prefers_scheduler_stats_and_pins_by_rank() -> None:
     async with Cluster(2) as (client, engines):
         await engines[0].send([], scheduler_stats=SchedulerStats(num_running_reqs=5,
                                                                  num_waiting_reqs=2))
-        await anyio.sleep(0.05)
-        assert client.engine_load() == {0: 7, 1: 0}
+        # the reader takes the stats-only message in its own time: bounded wait for it
+        await wait_until(lambda: client.engine_load() == {0: 7, 1: 0})
         async with client.call(req("a")) as a, client.call(req("b", data_parallel_rank=0)) as b:
             assert (a.engine_index, b.engine_index) == (1, 0)
         with pytest.raises(InvalidRequestError, match="data_parallel_rank"):
@@ -410,7 +410,8 @@ async def test_utility_failure_is_raised_after_all_engines_reply() -> None:
             c1 = await engines[1].receive_utility()
             assert client.pending_utility_calls == 2
             await engines[0].reply(c0, failure="boom")
-            await anyio.sleep(0.1)
+            await wait_until(lambda: client.pending_utility_calls == 1)  # c0's reply read
+            await anyio.sleep(0.05)  # room for a caller raising early to show it (negative)
             assert not done.is_set() and client.pending_utility_calls == 1
             await engines[1].reply(c1, None)
 

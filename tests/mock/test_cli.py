@@ -192,11 +192,13 @@ async def test_a_client_that_gives_up_during_start_up_does_not_block_the_next() 
     input socket to connect to, and the next client is served all the same."""
     address = f"tcp://127.0.0.1:{free_port()}"
     async with cli_process("mock-engine", "--handshake-address", address,
-                           "--ready-delay", "0.8") as (process, output):
+                           "--ready-delay", "2") as (process, output):
         with anyio.fail_after(20):
             await wait_until(lambda: said(output, "waiting for a client") == 1, seconds=10)
+            # HELLO has 1.2 s to come (a loaded machine may be slow to dial), the
+            # registration cannot come before 2 s ("loading the model"): the stage is certain
             config = ClientConfig(engine=EngineCoreClientConfig(
-                transport=HandshakeTransport(address), ready_timeout=0.4))
+                transport=HandshakeTransport(address), ready_timeout=1.2))
             with pytest.raises(HandshakeTimeoutError, match="input registration"):
                 async with Client.connect(config):
                     pass

@@ -182,7 +182,11 @@ async def test_abort_is_silent_and_idempotent() -> None:
         cutoff = time.monotonic()
         await front.abort("other")
         await wait_until(lambda: engine.abort_frames == 3)
-        messages = await front.quiet(seconds=0.15)
+        messages: list[list[bytes]] = []
+        with anyio.fail_after(5):  # up to the stats-only message the last abort owes
+            while not messages or _batch(messages[-1]).outputs:
+                messages.append(await front.receive_raw())
+        messages += await front.quiet(seconds=0.15)  # and nothing after it
         assert engine.aborted_ids == ["long", "long", "unknown", "other"]
         assert engine.running_ids == [] and engine.errors == []
     for frames in messages:
@@ -264,7 +268,7 @@ async def test_other_malformed_messages() -> None:
         assert message.message.finished_requests == frozenset({"nil"})
         assert message.message.outputs[0].finish_reason == EngineCoreFinishReason.ERROR
         await front.add("x", PROMPT, greedy(2, _all_stop_token_ids=["a"]))
-        await anyio.sleep(0.05)
+        await wait_until(lambda: engine.deaf)
         assert engine.deaf and "_all_stop_token_ids" in engine.errors[-1]
     async with running_engine() as (engine, front):
         await front.send(b"\x04", b"")  # EXECUTOR_FAILED from outside: fatal
@@ -307,7 +311,8 @@ async def test_garbage_after_steps() -> None:
 
 async def test_late_outputs_after_abort() -> None:
     faults = MockFaults(late_outputs_after_abort=2)
-    async with running_engine(faults=faults) as (engine, front):
+    # paced steps: "a" needs 5 s to finish, so it is still running when the pause lands
+    async with running_engine(faults=faults, step_time=0.005) as (engine, front):
         await front.add("a", PROMPT, greedy(1000))
         await front.receive_rows_raw()
         await front.utility("pause_scheduler", "keep", False)  # freeze between steps
@@ -317,7 +322,11 @@ async def test_late_outputs_after_abort() -> None:
         frozen = await front.quiet(seconds=0.05)
         assert all(_batch(m).outputs == [] for m in frozen)  # nothing steps (stats only)
         await front.call("resume_scheduler")
-        messages = await front.quiet(seconds=0.2)
+        messages: list[list[bytes]] = []
+        with anyio.fail_after(5):  # up to the second late output
+            while sum(o.request_id == "a" for m in messages for o in _batch(m).outputs) < 2:
+                messages.append(await front.receive_raw())
+        messages += await front.quiet(seconds=0.2)  # and no more after it
         assert engine.running_ids == []
     late = [o for m in messages for o in _batch(m).outputs if o.request_id == "a"]
     assert len(late) == 2 and all(o.finish_reason is None for o in late)  # never a finish

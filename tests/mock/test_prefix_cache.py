@@ -45,8 +45,9 @@ async def test_a_small_cache_evicts_the_least_recently_used_prompts() -> None:
 
 
 async def test_prefill_cost_makes_cache_hits_reach_their_first_token_sooner() -> None:
-    # 2 ms per computed prompt token: a 65-token prompt costs 130 ms uncached, 2 ms cached.
-    async with running_engine(step_time=0.002, prefill_time_per_token=0.002) as (_, front):
+    # 10 ms per computed prompt token: a 65-token prompt costs 650 ms uncached, 10 ms cached
+    # (its last token); the margin absorbs a loaded machine's delays on the warm request.
+    async with running_engine(step_time=0.002, prefill_time_per_token=0.01) as (_, front):
         await front.add("cold", prompt(0), greedy(2))
         start = time.monotonic()
         await front.collect("cold")
@@ -56,7 +57,7 @@ async def test_prefill_cost_makes_cache_hits_reach_their_first_token_sooner() ->
         got = await front.collect("warm")
         warm = time.monotonic() - start
     assert got["warm"][0].prefill_stats.num_cached_tokens == 4 * BS  # type: ignore[union-attr]
-    assert cold >= 0.12
+    assert cold >= 0.6
     assert warm < cold / 2
 
 

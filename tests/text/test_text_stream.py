@@ -331,8 +331,8 @@ async def test_receive_nowait_takes_what_arrived_and_merges_to_the_same_text(
         async with setup.text.generate(TextRequest(prompt=PROMPT, sampling_params=params),
                                        per_step=per_step) as stream:
             first = await stream.__anext__()
-            await wait_until(lambda: not setup.engine.running_ids)
-            await anyio.sleep(0.05)  # the reader has buffered the engine's last output
+            # the client's reader has buffered the last output (the request left its registry)
+            await wait_until(lambda: setup.client.engine.in_flight == 0)
             outputs = [first]
             with pytest.raises(anyio.EndOfStream):
                 while True:
