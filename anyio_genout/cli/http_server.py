@@ -15,7 +15,9 @@ uvicorn is the default where it runs (asyncio and uvloop): measured in front of 
 mock engine, it costs about a fifth less CPU per streamed token than Hypercorn
 (docs/performance.md, "Server"). It has no head timeout of its own (its keep-alive timer
 stops at a connection's first byte, and an idle new connection has none), so
-:class:`_GuardedHttpTools` adds Hypercorn's.
+:class:`_GuardedHttpTools` adds Hypercorn's. Granian was measured too and cost the same
+CPU per token as uvicorn (docs/performance.md, "Granian against uvicorn"), so it is not
+offered.
 """
 
 from __future__ import annotations
