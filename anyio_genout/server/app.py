@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
@@ -18,8 +18,6 @@ from ..engine.registry import why_down
 from ..errors import EngineDeadError, GenoutError
 from ..protocol.validation import check_token_ids
 from ..text.client import TextClient
-from ..text.request import TextRequest
-from . import requests
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
 from .fingerprint import FingerprintMode, check_fingerprint_options, system_fingerprint
@@ -29,6 +27,7 @@ from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
 from .requests import check_unicode
 from .response import BODY_SEND, TextResponse
 from .serving import Serving
+from .tokenize import tokenize_request
 from .tools import ToolServing
 
 __all__ = ["create_app"]
@@ -180,31 +179,21 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
                         media_type=CONTENT_TYPE_LATEST)
 
     @api.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Response:
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
         check_model(body.model)
+        _header_request_id(body, raw)
         return TextResponse(text_client, serving.plan(body))
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         check_model(body.model)
+        _header_request_id(body, raw)
         return TextResponse(text_client, serving.plan(body))
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
         check_model(body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "invalid request: prompt: give exactly one of prompt and "
-                           "messages", "prompt")
-        check_unicode(body.prompt, "prompt")
-        check_unicode(body.messages, "messages")
-        kwargs = requests.template_kwargs(body.chat_template, body.chat_template_kwargs,
-                                          trusted=trust_request_chat_template)
-        if body.messages is not None:
-            request = TextRequest(messages=body.messages, chat_template_kwargs=kwargs,
-                                  add_generation_prompt=body.add_generation_prompt)
-        else:
-            request = TextRequest(prompt=body.prompt,
-                                  add_special_tokens=body.add_special_tokens)
+        request = tokenize_request(body, trust_request_chat_template=trust_request_chat_template)
         try:  # rendered and encoded off the event loop; too long for the context: refused
             _, ids = await text_client.encode(request)
         except GenoutError as exc:
@@ -226,3 +215,13 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
 
     app.include_router(api)
     return app
+
+
+def _header_request_id(body: CompletionRequest | ChatCompletionRequest, raw: Request) -> None:
+    """An ``X-Request-Id`` header names the request in place of its ``request_id`` field,
+    as vLLM's ``_base_request_id`` has it (the response's id is ``cmpl-`` or ``chatcmpl-``
+    and this)."""
+    header = raw.headers.get("x-request-id")
+    if header is not None:
+        check_unicode(header, "X-Request-Id")
+        body.request_id = header

@@ -101,8 +101,8 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "return_mm_kwargs": (_R, "no multimodal inputs"),
     "media_io_kwargs": (_R, "no multimodal inputs"),
     "mm_processor_kwargs": (_R, "no multimodal inputs"),
-    "repetition_detection": (_R, "not supported"),
-    "watermarking": (_R, "not supported"),
+    "repetition_detection": (_R, "repetition detection is not passed to the engine"),
+    "watermarking": (_R, "watermarking is not implemented"),
     "session_id": (_R, "sessions are not supported"),
 }
 
@@ -113,13 +113,19 @@ CHAT_ONLY: Final = frozenset({
     "tool_choice", "parallel_tool_calls", "include_reasoning", "reasoning_effort",
     "media_io_kwargs", "mm_processor_kwargs", "return_prompt_text"})
 
-#: Values of a refused field that mean "not used" (vLLM's defaults), so accepted.
+#: Values of a refused field that mean "not used" (vLLM's defaults, or what vLLM's
+#: ``to_sampling_params`` treats as unset), so accepted; null is accepted too, except for
+#: the fields in :data:`_NOT_NULL`.
 _HARMLESS: Final[Mapping[str, tuple[Any, ...]]] = {
     "use_beam_search": (False,),
     "return_token_offsets": (False,), "return_token_ids": (False,),
     "return_prompt_text": (False,), "return_mm_kwargs": (False,),
-    "priority": (0,),
+    "priority": (0,), "watermarking": (False,),
+    "vllm_xargs": ({},), "kv_transfer_params": ({},), "ec_transfer_params": ({},),
+    "logprob_token_ids": ([],),
 }
+#: Refused fields that vLLM's models type without None (a null is a 400 there too).
+_NOT_NULL: Final = frozenset({"use_beam_search", "priority"})
 
 #: Response fields (the whole response, its choices, the stream's chunks and choices): sent,
 #: or not sent (why). Keys are "Model.field" with vLLM's model names.
@@ -198,7 +204,12 @@ def check_fields(extra: Mapping[str, Any] | None, *, chat: bool) -> None:
             unknown.append(name)
             continue
         kind, why = REQUEST_FIELDS[name]
-        if kind == REFUSED and value is not None and value not in _HARMLESS.get(name, ()):
+        if kind != REFUSED:
+            continue
+        if value is None:
+            if name in _NOT_NULL:
+                raise ApiError(400, f"invalid request: {name}: must not be null", name)
+        elif value not in _HARMLESS.get(name, ()):
             raise ApiError(400, f"invalid request: {name}: not supported ({why})", name)
     if unknown:
         _log.warning("The following fields were present in the request but ignored: %s",

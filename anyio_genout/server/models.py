@@ -9,9 +9,13 @@ logged and ignored, as vLLM's server does.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: The range of ``seed``, vLLM's (a C long).
+_LONG_MIN = -(2**63)
+_LONG_MAX = 2**63 - 1
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "JsonSchema",
            "ResponseFormat", "StreamOptions", "TokenizeRequest"]
@@ -19,6 +23,18 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "J
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    #: Fields whose ``null`` means their default: vLLM's model types them ``X | None``
+    #: (and treats None as unset) where ours hold the value itself.
+    _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        nulls = cls._NULL_IS_DEFAULT
+        if nulls and isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None or k not in nulls}
+        return data
 
 
 class StreamOptions(_Body):
@@ -28,6 +44,7 @@ class StreamOptions(_Body):
     far, as vLLM's do."""
 
     model_config = ConfigDict(extra="allow")
+    _NULL_IS_DEFAULT = frozenset({"include_usage", "continuous_usage_stats"})
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -62,7 +79,7 @@ class _Sampling(_Body):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=_LONG_MIN, le=_LONG_MAX)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = None
@@ -87,16 +104,25 @@ class _Sampling(_Body):
     #: ``truncation_side`` ("left" keeps the last ones, "right" the first ones).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
+    # Ignored as vLLM's server ignores them (fields.IGNORED), but typed as vLLM types them,
+    # so that a value vLLM refuses is refused here too.
+    user: str | None = None
+    length_penalty: float = 1.0
+    routed_experts_prompt_start: int = Field(default=0, ge=0)
+    mm_payload: Literal["tensors", "none"] = "tensors"
 
 
 class CompletionRequest(_Sampling):
     """``POST /v1/completions``: ``prompt`` is a string, token ids, or a list of one."""
 
     model_config = ConfigDict(extra="allow")
+    _NULL_IS_DEFAULT = frozenset({"stream", "echo"})
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    #: At least 1: vLLM's ``echo`` with 0 (the prompt alone) is not served (refused).
     max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0)
+    #: -1 (vLLM's "every token") passes the model to be refused by name in :mod:`.requests`.
+    logprobs: int | None = Field(default=None, ge=-1)
     echo: bool = False
     add_special_tokens: bool = True
 
@@ -105,13 +131,15 @@ class ChatCompletionRequest(_Sampling):
     """``POST /v1/chat/completions``: ``messages`` go through the model's chat template."""
 
     model_config = ConfigDict(extra="allow")
+    _NULL_IS_DEFAULT = frozenset({"stream", "n", "logprobs", "top_logprobs"})
 
     #: Not empty: checked in :mod:`.requests` (param null, as vLLM's template refusal).
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)
+    #: -1 (vLLM's "every token") passes the model to be refused by name in :mod:`.requests`.
+    top_logprobs: int | None = Field(default=None, ge=-1)
     add_generation_prompt: bool = True
     #: The last message's content first in the answer (when it has the answer's role).
     echo: bool = False
@@ -132,16 +160,25 @@ class ChatCompletionRequest(_Sampling):
 
 
 class TokenizeRequest(_Body):
-    """``POST /tokenize``: a ``prompt`` or chat ``messages``."""
+    """``POST /tokenize``: a ``prompt`` or chat ``messages`` (vLLM's two tokenize bodies
+    in one: the chat fields apply to ``messages`` only)."""
+
+    _NULL_IS_DEFAULT = frozenset({"return_token_strs"})
 
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
-    add_special_tokens: bool = True
+    #: None: vLLM's default, True for a prompt and False for messages.
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
+    tools: Any = None
+    #: Refused when given (no multimodal inputs), as on chat completions.
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
 
 
 class DetokenizeRequest(_Body):

@@ -24,8 +24,9 @@ from .formats import CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
 
-__all__ = ["Choices", "chat_choices", "chat_request", "chat_role", "check_max_tokens", "check_n",
-           "check_unicode", "choices", "completion_choices", "template_kwargs"]
+__all__ = ["Choices", "chat_choices", "chat_kwargs", "chat_request", "chat_role",
+           "check_max_tokens", "check_n", "check_unicode", "choices", "completion_choices",
+           "template_kwargs"]
 
 
 def check_unicode(value: object, field: str) -> None:
@@ -129,6 +130,13 @@ def _check_body(body: CompletionRequest | ChatCompletionRequest, *, chat: bool) 
     if body.prompt_logprobs is not None and body.stream and body.prompt_logprobs != 0:
         raise ApiError(400, "invalid request: prompt_logprobs: `prompt_logprobs` are not "
                        "available when `stream=True`.", "prompt_logprobs")
+    for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
+        if getattr(body, name, None) == -1 and not isinstance(getattr(body, name), bool):
+            # vLLM's "every token of the vocabulary": not rendered here, so refused rather
+            # than answered with empty rows.
+            raise ApiError(400, f"invalid request: {name}: -1 (every token of the "
+                           "vocabulary) is not supported; ask for at most the server's "
+                           "--max-logprobs", name)
     if body.n > 1 and body.temperature is not None and body.temperature < _GREEDY:
         raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}.")
 
@@ -160,7 +168,9 @@ def choices(request: TextRequest, n: int) -> list[TextRequest]:
 
 
 def _request_id(prefix: str, body: CompletionRequest | ChatCompletionRequest) -> str:
-    return body.request_id or f"{prefix}-{os.urandom(16).hex()}"
+    """vLLM's response and engine request id: ``{prefix}-{request_id}`` (the route puts
+    an ``X-Request-Id`` header's value there first), random when neither is given."""
+    return f"{prefix}-{body.request_id or os.urandom(16).hex()}"
 
 
 def _stop(body: CompletionRequest | ChatCompletionRequest) -> tuple[str, ...]:
@@ -175,6 +185,9 @@ Prompt = tuple[str | None, list[int] | None]
 def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[Prompt]:
     """The prompts of ``prompt``: a string, token ids, or a list of either (several)."""
     if isinstance(prompt, str):
+        if not prompt:  # vLLM's words
+            raise ApiError(400, "invalid request: prompt: Either prompt or prompt_embeds must "
+                           "be provided and non-empty.", "prompt")
         return [(prompt, None)]
     if not prompt:
         raise ApiError(400, "invalid request: prompt: must not be empty", "prompt")
@@ -386,18 +399,19 @@ def _echo_text(body: ChatCompletionRequest) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _chat_kwargs(body: ChatCompletionRequest, kwargs: dict[str, Any] | None
-                 ) -> dict[str, Any] | None:
+def chat_kwargs(kwargs: dict[str, Any] | None, *, continue_final_message: bool,
+                add_generation_prompt: bool, documents: list[dict[str, str]] | None = None
+                ) -> dict[str, Any] | None:
     """The template variables with ``documents`` and ``continue_final_message`` put in;
     raises ApiError (400) for ``continue_final_message`` with ``add_generation_prompt``."""
-    if body.continue_final_message:
-        if body.add_generation_prompt:
+    if continue_final_message:
+        if add_generation_prompt:
             raise ApiError(400, "invalid request: continue_final_message: Cannot set both "
                            "`continue_final_message` and `add_generation_prompt` to True.",
                            "continue_final_message")
         kwargs = {**(kwargs or {}), "continue_final_message": True}
-    if body.documents is not None:
-        kwargs = {**(kwargs or {}), "documents": body.documents}
+    if documents is not None:
+        kwargs = {**(kwargs or {}), "documents": documents}
     return kwargs
 
 
@@ -416,10 +430,11 @@ def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool
     _check_messages(body.messages)
     check_unicode(body.messages, "messages")
     check_unicode(body.tools, "tools")
+    check_unicode(body.documents, "documents")
     kwargs = template_kwargs(body.chat_template, body.chat_template_kwargs,
                              trusted=trust_request_chat_template)
     top = (body.top_logprobs or 0) if body.logprobs else None
-    if body.top_logprobs is not None and not body.logprobs:
+    if body.top_logprobs not in (None, 0) and not body.logprobs:  # 0 passes, as in vLLM
         raise ApiError(400, "invalid request: top_logprobs: needs logprobs=true",
                        "top_logprobs")
     plan = plan_tools(body, tool_serving, template_kwargs=kwargs,
@@ -431,7 +446,9 @@ def _chat_request(body: ChatCompletionRequest, trust_request_chat_template: bool
     if plan.schema is not None:  # required / a named function: JSON, as vLLM builds it
         params = attrs.evolve(params, structured_outputs=StructuredOutputsParams(
             json=plan.schema))
-    kwargs = _chat_kwargs(body, kwargs)
+    kwargs = chat_kwargs(kwargs, continue_final_message=body.continue_final_message,
+                         add_generation_prompt=body.add_generation_prompt,
+                         documents=body.documents)
     if plan.template_kwargs:
         kwargs = {**(kwargs or {}), **plan.template_kwargs}
     request = TextRequest(

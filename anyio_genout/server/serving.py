@@ -139,8 +139,9 @@ class Serving:
     sampling_defaults: Mapping[str, Any] = attrs.field(factory=dict)
 
     def check_model(self, model: str | None) -> None:
-        """Raises ApiError (404) if ``model`` is given and is not the one served."""
-        if model is not None and model != self.model_name:
+        """Raises ApiError (404) if ``model`` is given and is not the one served (an empty
+        name is the served model, as vLLM's ``_is_model_supported`` has it)."""
+        if model and model != self.model_name:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     def plan(self, body: Body, *, model: str | None = None) -> Plan:

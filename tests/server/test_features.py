@@ -55,12 +55,13 @@ async def test_n_choices_are_child_requests_with_seeds_and_summed_usage() -> Non
         adds = added(s.setup.engine)
     assert [c.index for c in whole.choices] == [0, 1, 2]
     assert all(c.finish_reason == "length" and c.text for c in whole.choices)
-    assert whole.id == "par"
+    assert whole.id == "cmpl-par"  # vLLM's: the route's prefix and the body's request_id
     assert whole.usage is not None and whole.usage.completion_tokens == 15
     one_prompt = whole.usage.prompt_tokens
     assert whole.usage.total_tokens == one_prompt + 15  # the prompt counts once
     first = [a.request for a in adds[:3]]
-    assert [r.request_id.split("-")[0] for r in first] == ["0_par", "1_par", "2_par"]
+    assert [r.request_id.split("-")[:2] for r in first] == [
+        ["0_cmpl", "par"], ["1_cmpl", "par"], ["2_cmpl", "par"]]
     assert [r.sampling_params.seed for r in first] == [7, 8, 9]
     assert [c.index for c in chat.choices] == [0, 1]
     assert chat.usage is not None and chat.usage.completion_tokens == 8

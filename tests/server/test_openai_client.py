@@ -129,7 +129,7 @@ async def test_a_client_that_disconnects_mid_stream_aborts_the_request_once() ->
         await anyio.sleep(0.1)  # nothing more arrives
         assert engine.abort_frames == 1
         assert len(engine.aborted_ids) == 1
-        assert engine.aborted_ids[0].startswith("dropped")
+        assert engine.aborted_ids[0].startswith("cmpl-dropped")
         assert [r.request.request_id for r in added(engine)] == engine.aborted_ids
         # The server still serves.
         after = await http.post(f"{s.v1}/completions",

@@ -59,7 +59,7 @@ async def test_several_prompts_are_numbered_as_vllm_and_usage_sums_them() -> Non
         one_list = await client.completions.create(model=MODEL, prompt=[OTHER], max_tokens=5,
                                                    seed=7)
         adds = added(s.setup.engine)
-    assert both.id == "many"
+    assert both.id == "cmpl-many"
     assert [c.index for c in both.choices] == [0, 1, 2, 3]
     # index = prompt index * n + i: the two choices of PROMPT, then the two of OTHER (the
     # first of each with the seed, as alone; n > 1 cannot be greedy: vLLM refuses it).
@@ -71,7 +71,7 @@ async def test_several_prompts_are_numbered_as_vllm_and_usage_sums_them() -> Non
     assert both.usage.total_tokens == sum(lengths) + 20
     # vLLM's ids: "{id}-{prompt}" per prompt, "{i}_" before it per choice.
     assert sorted(a.request.external_req_id for a in adds[2:6]) \
-        == ["0_many-0", "0_many-1", "1_many-0", "1_many-1"]
+        == ["0_cmpl-many-0", "0_cmpl-many-1", "1_cmpl-many-0", "1_cmpl-many-1"]
     assert [c.text for c in by_ids.choices] == alone  # lists of token ids
     assert by_ids.usage is not None and by_ids.usage.prompt_tokens == sum(lengths)
     assert [c.text for c in one_list.choices] == [alone[1]]
