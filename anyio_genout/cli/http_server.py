@@ -35,7 +35,7 @@ import anyio
 
 from ..errors import UsageError
 
-__all__ = ["HTTP_SERVERS", "MAX_HEAD_BYTES", "HttpServer", "choose_http_server",
+__all__ = ["HTTP_SERVERS", "LISTEN_BACKLOG", "MAX_HEAD_BYTES", "HttpServer", "choose_http_server",
            "http_server"]
 
 #: The values of ``--http-server``.
@@ -43,6 +43,8 @@ HTTP_SERVERS: Final = ("uvicorn", "hypercorn")
 #: Seconds of silence after which the rest of an answered request's body is taken as done
 #: and the connection closed (its bytes sent by then have been read: no reset).
 _LINGER: Final = 0.2
+#: The listening socket's backlog (``serve_http.listen``'s).
+LISTEN_BACKLOG: Final = 2048
 #: The largest request head (request line and headers) accepted, in bytes: Hypercorn's
 #: ``h11_max_incomplete_size``, for both servers.
 MAX_HEAD_BYTES: Final = 16 * 1024
@@ -107,6 +109,9 @@ class _Hypercorn:
 
         self._config = config = Config()
         config.bind = [f"fd://{http_fd}"]
+        # Hypercorn listens again on the socket with its own backlog (100): under a burst
+        # of connections on trio, hundreds were left unanswered.
+        config.backlog = LISTEN_BACKLOG
         config.accesslog = None
         config.errorlog = _server_logger("hypercorn.error", "hypercorn")
         config.keep_alive_timeout = args.keep_alive_timeout
@@ -153,6 +158,7 @@ class _Uvicorn:
         args = self._args
         config = uvicorn.Config(
             app, http=_guarded_protocol(args.root_path or ""), loop="none", lifespan="off",
+            backlog=LISTEN_BACKLOG,
             ws="none", interface="asgi3", access_log=False, log_config=None,
             proxy_headers=False, timeout_keep_alive=args.keep_alive_timeout,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)

@@ -21,7 +21,7 @@ from ..generate import Client
 from ..text.client import TextClient
 from ..text.tokenizer import Tokenizer
 from .engines import ClientSession, WorkerSockets
-from .http_server import choose_http_server, http_server
+from .http_server import LISTEN_BACKLOG, choose_http_server, http_server
 from .serve_lifecycle import Lifecycle, rejoin_timeout, watch_engines
 
 __all__ = ["freeze_startup_heap", "http_url", "listen", "listen_unix", "serve",
@@ -51,7 +51,7 @@ def listen(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     bound."""
     try:
         sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
-                                    else socket.AF_INET, backlog=2048,
+                                    else socket.AF_INET, backlog=LISTEN_BACKLOG,
                                     reuse_port=reuse_port)
     except OSError as exc:
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
