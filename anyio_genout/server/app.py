@@ -16,7 +16,6 @@ from starlette.types import Receive, Scope, Send
 
 from ..engine.registry import why_down
 from ..errors import EngineDeadError, GenoutError
-from ..protocol.validation import check_token_ids
 from ..text.client import TextClient
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
@@ -207,11 +206,13 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
     @api.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         check_model(body.model)
-        try:  # the one vocabulary check (protocol.validation), as for prompts
-            check_token_ids(body.tokens, "tokens", tokenizer.vocab_size)
+        try:  # the one vocabulary check (protocol.validation), as for prompts; long: off
+            # the event loop
+            text = await text_client.decode(body.tokens, skip_special_tokens=False,
+                                            field="tokens")
         except GenoutError as exc:
             raise error_for(exc) from None
-        return JSONResponse({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
+        return JSONResponse({"prompt": text})
 
     app.include_router(api)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import final
 
 from ..generate import Client
@@ -90,3 +91,16 @@ class TextClient:
         return await encode_request(self._offload, self._tokenizer, request,
                                     max_model_len=self._client.engine.max_model_len,
                                     allow_empty=True)
+
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True,
+                     field: str = "token_ids") -> str:
+        """The text of ``token_ids``, each checked against the tokenizer's vocabulary; a
+        long sequence (more than :data:`~.offload.DECODE_INLINE_TOKENS`) is checked and
+        decoded in a worker thread, as a long text is encoded.
+
+        Raises:
+            InvalidRequestError: ``token_ids`` holds something that is not a token id of
+                the vocabulary (named as ``field``).
+        """
+        return await self._offload.decode(token_ids, skip_special_tokens=skip_special_tokens,
+                                          field=field)

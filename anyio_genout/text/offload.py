@@ -21,20 +21,21 @@ same bound while it renders.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar, final
 
 import anyio
 import anyio.to_thread
 
 from ..errors import InvalidRequestError
+from ..protocol.validation import check_token_ids
 from .request import TextRequest
 from .template_sandbox import RenderLimitError
 from .tokenizer import Tokenizer
 
 T = TypeVar("T")
 
-__all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
+__all__ = ["DECODE_INLINE_TOKENS", "ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
            "RENDER_INLINE_SECONDS", "RENDER_THREADS", "TRUNCATED_RENDER_CHARS", "Offload",
            "check_prompt_chars", "max_prompt_chars", "truncation_length"]
 
@@ -43,6 +44,10 @@ __all__ = ["ENCODE_INLINE_CHARS", "ENCODE_THREADS", "RENDER_INLINE_CHARS",
 #: about 1.5 ms for the worst texts measured (one letter repeated, emoji, CJK; the first
 #: time the tokenizer meets their words).
 ENCODE_INLINE_CHARS: Final = 1024
+#: Token sequences up to this long are checked and decoded on the event loop (about
+#: 0.3 µs a token: 1.2 ms); a longer one in a worker thread (a hostile ``/detokenize`` of
+#: 500,000 ids held the loop for 1.5 s).
+DECODE_INLINE_TOKENS: Final = 4096
 #: Worker threads encoding at once (the encoding releases the GIL: they run in parallel).
 ENCODE_THREADS: Final = 4
 #: Worker threads rendering chat templates at once. Rendering is Python code holding the
@@ -159,6 +164,25 @@ class Offload:
         return await anyio.to_thread.run_sync(
             functools.partial(tokenizer.encode, text, add_special_tokens=add_special_tokens),
             limiter=self._encoding)
+
+    async def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool,
+                     field: str) -> str:
+        """``token_ids`` checked against the vocabulary and decoded, in a worker thread
+        unless there are at most :data:`DECODE_INLINE_TOKENS` of them.
+
+        Raises:
+            InvalidRequestError: a token id the vocabulary does not have (``field``, or
+                ``field[i]``, named).
+        """
+        tokenizer = self._tokenizer
+
+        def work() -> str:
+            check_token_ids(token_ids, field, tokenizer.vocab_size)
+            return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+        if len(token_ids) <= DECODE_INLINE_TOKENS:
+            return work()
+        return await self.run(work)
 
     async def run(self, work: Callable[[], T]) -> T:
         """``work()``: small tokenizer work a request brings (its ``bad_words``), in an

@@ -7,16 +7,18 @@ keeps running."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from anyio_genout import ChatTemplateError, InvalidRequestError, SamplingParams, TextRequest
-from anyio_genout.text.offload import RENDER_INLINE_CHARS
+from anyio_genout.text.offload import DECODE_INLINE_TOKENS, RENDER_INLINE_CHARS
 from anyio_genout.text.tokenizer import Tokenizer
 from tests.text.client_support import added, text_client, tokenizer
 
@@ -154,3 +156,31 @@ async def test_template_variables_may_have_any_name(tmp_path: Path) -> None:
                                                         "variables": "v", "tools": "t"})
             text, _ = await setup.text.encode(request)
             assert text == "5|s|v|t"
+
+
+async def test_decode_checks_the_ids_and_takes_a_long_sequence_off_the_event_loop() -> None:
+    """``TextClient.decode`` (``/detokenize``'s): each id checked against the vocabulary
+    (named as the caller's field); a sequence longer than DECODE_INLINE_TOKENS decoded in
+    a worker thread, a short one inline."""
+    async with text_client() as setup:
+        text, tok = setup.text, setup.text.tokenizer
+        short = tok.encode("Once upon a time")
+        long = (short * (DECODE_INLINE_TOKENS // len(short) + 2))[:DECODE_INLINE_TOKENS + 1]
+        threads: list[str] = []
+        original = Tokenizer.decode
+
+        def recording(self: Tokenizer, ids: Any, **kwargs: Any) -> str:
+            threads.append(threading.current_thread().name)
+            return original(self, ids, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Tokenizer, "decode", recording)
+            assert await text.decode(short) == original(tok, short)
+            assert await text.decode(long, skip_special_tokens=False) == original(
+                tok, long, skip_special_tokens=False)
+        main = threading.current_thread().name
+        assert threads[0] == main and threads[1] != main
+        for bad in ([*short, tok.vocab_size], [*long, -1]):
+            with pytest.raises(InvalidRequestError) as raised:
+                await text.decode(bad, field="tokens")
+            assert raised.value.field == f"tokens[{len(bad) - 1}]"
