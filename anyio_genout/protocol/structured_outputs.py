@@ -287,7 +287,10 @@ def _json_type(value: object) -> str:
     return names.get(type(value), "number")
 
 
-#: Schemas up to this long have their check remembered (256 of them at most).
+#: Schemas up to this long have their check remembered (256 of them at most); a longer one
+#: in a cache of its own (the last 4): checking one takes seconds (jsonschema's meta-schema
+#: check, 5.8 s for 860 KB), so a caller that checks it in a worker thread first (the text
+#: layer, :meth:`StructuredOutputsParams.validate`) leaves only the lookup to the event loop.
 _CACHED_SCHEMA_CHARS: Final = 1 << 16
 
 
@@ -295,11 +298,16 @@ def _schema_problem(text: str) -> str | None:
     """What is wrong with the schema ``text`` (``None``: nothing)."""
     if len(text) <= _CACHED_SCHEMA_CHARS:
         return _cached_schema_problem(text)
-    return _check_schema(text)
+    return _cached_long_schema_problem(text)
 
 
 @functools.lru_cache(maxsize=256)
 def _cached_schema_problem(text: str) -> str | None:
+    return _check_schema(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_long_schema_problem(text: str) -> str | None:
     return _check_schema(text)
 
 

@@ -33,7 +33,7 @@ from ..generate import (
     GenerateStream,
 )
 from ..generate.stop_sequences import cut_at_stop
-from ..protocol import SamplingParams
+from ..protocol import SamplingParams, StructuredOutputsParams
 from ..protocol.sampling import fill_eos
 from .bad_words import bad_words_token_ids
 from .decoding import TextDecoder, TextStep
@@ -139,6 +139,12 @@ class TextStream:
         self._prompt, ids = await encode_request(self._offload, tokenizer, request,
                                                  max_model_len=self._client.engine.max_model_len)
         params = self._eos.fill(request.sampling_params)
+        constraint = getattr(params, "structured_outputs", None)  # not SamplingParams: the
+        # generate layer refuses it below
+        if isinstance(constraint, StructuredOutputsParams) and constraint.json is not None:
+            # A JSON schema's check can take seconds (jsonschema): done in a worker thread
+            # first, it is remembered, and entering below only looks it up.
+            await self._offload.run(constraint.validate)
         if request.bad_words:
             params = attrs.evolve(params, bad_words_token_ids=await self._offload.run(
                 functools.partial(bad_words_token_ids, tokenizer, request.bad_words)))

@@ -17,7 +17,13 @@ from typing import Any
 import anyio
 import pytest
 
-from anyio_genout import ChatTemplateError, InvalidRequestError, SamplingParams, TextRequest
+from anyio_genout import (
+    ChatTemplateError,
+    InvalidRequestError,
+    SamplingParams,
+    StructuredOutputsParams,
+    TextRequest,
+)
 from anyio_genout.text.offload import DECODE_INLINE_TOKENS, RENDER_INLINE_CHARS
 from anyio_genout.text.tokenizer import Tokenizer
 from tests.text.client_support import added, text_client, tokenizer
@@ -184,3 +190,38 @@ async def test_decode_checks_the_ids_and_takes_a_long_sequence_off_the_event_loo
             with pytest.raises(InvalidRequestError) as raised:
                 await text.decode(bad, field="tokens")
             assert raised.value.field == f"tokens[{len(bad) - 1}]"
+
+
+def _big_schema(objects: int, tag: str) -> dict[str, Any]:
+    """A valid JSON schema of ``objects`` objects of 20 string properties (about 600
+    characters each); jsonschema checks it at about 4 ms an object."""
+    return {"type": "object", "title": tag, "properties": {
+        f"p{j}": {"type": "object", "properties": {f"q{k}": {"type": "string"}
+                                                    for k in range(20)}}
+        for j in range(objects)}}
+
+
+async def test_a_large_json_schema_is_checked_in_a_worker_thread() -> None:
+    """Checking a JSON schema (jsonschema's meta-schema check) takes seconds for a large
+    one: entering a stream does it in a worker thread (an 860 KB schema held /health for
+    5.3 s); a bad one is refused the same way, naming the field."""
+    # About 150 KB, 1 s or more to check; its own title, so no earlier check is remembered.
+    schema = _big_schema(250, f"off-loop {time.perf_counter_ns()}")
+    async with text_client() as setup:
+        request = TextRequest(prompt="Once upon a time", sampling_params=SamplingParams(
+            max_tokens=2, structured_outputs=StructuredOutputsParams(json=schema)))
+        async with _ticker() as worst:
+            start = time.perf_counter()
+            async with setup.text.generate(request):
+                took = time.perf_counter() - start
+        assert took > 0.3, f"the check took {took:.2f} s: too fast to tell"
+        assert worst[0] < max(0.3, took / 2), \
+            f"another task waited {worst[0]:.2f} s (entering took {took:.2f} s)"
+        bad = _big_schema(250, f"bad {time.perf_counter_ns()}")
+        bad["properties"]["p0"]["type"] = 5
+        request = TextRequest(prompt="Once", sampling_params=SamplingParams(
+            max_tokens=2, structured_outputs=StructuredOutputsParams(json=bad)))
+        with pytest.raises(InvalidRequestError) as caught:
+            async with setup.text.generate(request):
+                pass
+        assert caught.value.field == "structured_outputs.json"
