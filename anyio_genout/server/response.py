@@ -46,10 +46,15 @@ class TextResponse(Response):
         self._generation = Generation(text_client, plan)
         self._started = False
         self._disconnected = False
+        #: Set as the last body message is handed to the server (the requests are closed
+        #: by then): an ``http.disconnect`` from then on is the server ending the exchange.
+        self._finishing = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def send_while_connected(message: Message) -> None:
             if not self._disconnected:  # nothing more is written to a dead connection
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    self._finishing = True
                 await send(message)
 
         body_send: Send = scope.get(BODY_SEND, send)
@@ -78,6 +83,11 @@ class TextResponse(Response):
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                if self._finishing:
+                    # Hypercorn puts one in as it closes the stream after the last body,
+                    # from inside that send: cancelling then (trio) cut its keep-alive
+                    # bookkeeping short, and the idle connection was never closed.
+                    return
                 self._disconnected = True
                 self._generation.close()
                 scope.cancel()

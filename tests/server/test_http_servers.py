@@ -48,6 +48,35 @@ def _closed_after(conn: socket.socket, trickle: bytes = b"") -> float:
     raise AssertionError("the server kept the connection open for 5 s")
 
 
+def _post(path: str, body: dict[str, object]) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n").encode() + data
+
+
+def _read_answer(conn: socket.socket) -> bytes:
+    """One whole HTTP/1.1 answer from ``conn``: its head, then a ``content-length`` body
+    or a chunked one up to its last chunk (5 s at most)."""
+    conn.settimeout(5)
+    answer = b""
+
+    def more() -> None:
+        nonlocal answer
+        chunk = conn.recv(65536)
+        assert chunk, answer
+        answer += chunk
+
+    while b"\r\n\r\n" not in answer:
+        more()
+    head = answer.partition(b"\r\n\r\n")[0]
+    length = [line.split(b":", 1)[1] for line in head.lower().split(b"\r\n")
+              if line.startswith(b"content-length:")]
+    while (len(answer) - len(head) - 4 < int(length[0])) if length \
+            else not answer.endswith(b"\r\n0\r\n\r\n"):
+        more()
+    return answer
+
+
 @pytest.mark.parametrize(("backend", "http_server"), COMBINATIONS)
 def test_hostile_connections_are_bounded_and_serving_goes_on(
         backend: str, http_server: str | None) -> None:
@@ -65,6 +94,15 @@ def test_hostile_connections_are_bounded_and_serving_goes_on(
             conn.settimeout(5)
             assert conn.recv(1000).startswith(b"HTTP/1.1 200")
             after_answer = _closed_after(conn)
+        # The same after a completion, whole and streamed: on trio, Hypercorn's own
+        # disconnect after the last body cancelled its idle timer, and it stayed open.
+        after_completions = []
+        for stream in (False, True):
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.sendall(_post("/v1/completions", {"prompt": "Once", "max_tokens": 2,
+                                                       "ignore_eos": True, "stream": stream}))
+                assert _read_answer(conn).startswith(b"HTTP/1.1 200")
+                after_completions.append(_closed_after(conn))
         # A head over 16 KiB: refused or cut, never kept.
         with socket.create_connection(("127.0.0.1", port)) as conn:
             conn.settimeout(5)
@@ -83,6 +121,7 @@ def test_hostile_connections_are_bounded_and_serving_goes_on(
                           timeout=30) as streamed:
             events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
     assert trickled < 3 and idle < 3 and after_answer < 3, (trickled, idle, after_answer)
+    assert all(after < 3 for after in after_completions), after_completions
     assert events[-1] == "data: [DONE]"
     assert sum(len(json.loads(e[6:])["choices"][0]["text"]) > 0 for e in events[:-1]) >= 1
 
