@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 from .errors import ApiError
 
 __all__ = ["CHAT_ONLY", "COMPLETION_ONLY", "IGNORED", "IMPLEMENTED", "REFUSED", "REQUEST_FIELDS",
-           "RESPONSE_FIELDS", "check_fields", "counts"]
+           "RESPONSE_FIELDS", "check_fields", "check_logprob_counts", "counts"]
 
 _log = logging.getLogger("anyio_genout.server")
 
@@ -214,3 +214,19 @@ def check_fields(extra: Mapping[str, Any] | None, *, chat: bool) -> None:
     if unknown:
         _log.warning("The following fields were present in the request but ignored: %s",
                      sorted(unknown))
+
+
+def check_logprob_counts(body: Any) -> None:
+    """Refuse vLLM's -1 ("every token of the vocabulary") in ``logprobs``, ``top_logprobs``
+    and ``prompt_logprobs``: not rendered here, so a 400 naming the field rather than an
+    answer with empty rows.
+
+    Raises:
+        ApiError: (400) the field set to -1, named as ``param``.
+    """
+    for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
+        value = getattr(body, name, None)
+        if value == -1 and not isinstance(value, bool):
+            raise ApiError(400, f"invalid request: {name}: -1 (every token of the "
+                           "vocabulary) is not supported; ask for at most the server's "
+                           "--max-logprobs", name)

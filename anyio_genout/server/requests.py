@@ -19,7 +19,7 @@ from ..text.chat_template import ROLES
 from ..text.request import TextRequest
 from .chat_format import ChatFormat
 from .errors import ApiError, error_for
-from .fields import check_fields
+from .fields import check_fields, check_logprob_counts
 from .formats import CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
@@ -130,13 +130,7 @@ def _check_body(body: CompletionRequest | ChatCompletionRequest, *, chat: bool) 
     if body.prompt_logprobs is not None and body.stream and body.prompt_logprobs != 0:
         raise ApiError(400, "invalid request: prompt_logprobs: `prompt_logprobs` are not "
                        "available when `stream=True`.", "prompt_logprobs")
-    for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
-        if getattr(body, name, None) == -1 and not isinstance(getattr(body, name), bool):
-            # vLLM's "every token of the vocabulary": not rendered here, so refused rather
-            # than answered with empty rows.
-            raise ApiError(400, f"invalid request: {name}: -1 (every token of the "
-                           "vocabulary) is not supported; ask for at most the server's "
-                           "--max-logprobs", name)
+    check_logprob_counts(body)
     if body.n > 1 and body.temperature is not None and body.temperature < _GREEDY:
         raise ApiError(400, f"n must be 1 when using greedy sampling, got {body.n}.")
 
