@@ -23,7 +23,6 @@ from .fingerprint import FingerprintMode, check_fingerprint_options, system_fing
 from .http_metrics import HttpMetrics, client_http_series
 from .limits import Limits, tolerant_send
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .requests import check_unicode
 from .response import BODY_SEND, TextResponse
 from .serving import Serving
 from .tokenize import tokenize_request
@@ -222,7 +221,6 @@ def _header_request_id(body: CompletionRequest | ChatCompletionRequest, raw: Req
     """An ``X-Request-Id`` header names the request in place of its ``request_id`` field,
     as vLLM's ``_base_request_id`` has it (the response's id is ``cmpl-`` or ``chatcmpl-``
     and this)."""
-    header = raw.headers.get("x-request-id")
+    header = raw.headers.get("x-request-id")  # latin-1 decoded: no lone surrogates
     if header is not None:
-        check_unicode(header, "X-Request-Id")
         body.request_id = header

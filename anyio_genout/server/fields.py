@@ -225,8 +225,7 @@ def check_logprob_counts(body: Any) -> None:
         ApiError: (400) the field set to -1, named as ``param``.
     """
     for name in ("logprobs", "top_logprobs", "prompt_logprobs"):
-        value = getattr(body, name, None)
-        if value == -1 and not isinstance(value, bool):
+        if getattr(body, name, None) == -1:  # chat's bool logprobs is never -1
             raise ApiError(400, f"invalid request: {name}: -1 (every token of the "
                            "vocabulary) is not supported; ask for at most the server's "
                            "--max-logprobs", name)

@@ -121,7 +121,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     #: At least 1: vLLM's ``echo`` with 0 (the prompt alone) is not served (refused).
     max_tokens: int | None = Field(default=16, ge=1)
-    #: -1 (vLLM's "every token") passes the model to be refused by name in :mod:`.requests`.
+    #: -1 (vLLM's "every token") passes the model to be refused by name (:mod:`.fields`).
     logprobs: int | None = Field(default=None, ge=-1)
     echo: bool = False
     add_special_tokens: bool = True
@@ -138,7 +138,7 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    #: -1 (vLLM's "every token") passes the model to be refused by name in :mod:`.requests`.
+    #: -1 (vLLM's "every token") passes the model to be refused by name (:mod:`.fields`).
     top_logprobs: int | None = Field(default=None, ge=-1)
     add_generation_prompt: bool = True
     #: The last message's content first in the answer (when it has the answer's role).

@@ -21,8 +21,7 @@ __all__ = ["tokenize_request"]
 
 #: The fields of vLLM's chat tokenize body that a prompt has no use for.
 _CHAT_ONLY: Final = ("add_generation_prompt", "continue_final_message", "chat_template",
-                     "chat_template_kwargs", "tools", "mm_processor_kwargs",
-                     "media_io_kwargs")
+                     "chat_template_kwargs", "tools")
 #: Refused whenever given: there are no multimodal inputs.
 _MULTIMODAL: Final = ("mm_processor_kwargs", "media_io_kwargs")
 
