@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models
+from tokenizers.decoders import DecodeStream
 
+from anyio_genout.text import detokenizer as detokenizer_module
 from anyio_genout.text.byte_table import byte_table
 from anyio_genout.text.detokenizer import IncrementalDetokenizer, separator_token_id
 from tests.text.byte_level_kinds import ADDED, ADDED_SPECIAL, BYTE_LEVEL, byte_level, stream_path
@@ -328,3 +331,53 @@ def _raw_bytes_tokenizer() -> Tokenizer:
                                merges=[]))
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+class _CountingStream:
+    """The library's ``DecodeStream``, counting its steps."""
+
+    steps = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self._stream = DecodeStream(*args, **kwargs)  # type: ignore[arg-type]
+
+    def step(self, tokenizer: Tokenizer, token_id: int) -> str | None:
+        _CountingStream.steps += 1
+        return self._stream.step(tokenizer, token_id)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_of_skipped_special_tokens_does_not_step_the_library_stream(kind: str) -> None:
+    # Kept in the stream's window, each skipped token made every later step decode a longer
+    # one: 4,000 <unk> from a model cost 0.5 s, 16,000 eight seconds, on the event loop.
+    tok = load(kind)
+    unk = min(i for i, t in tok.get_added_tokens_decoder().items()
+              if t.special and t.content not in ("<s>", "</s>"))  # <unk> or <pad>
+    eos = tok.token_to_id("</s>")
+    ids = tok.encode("Crème 灯塔 done", add_special_tokens=False).ids
+    output = [ids[0], *[unk] * 2000, *ids[1:], eos, *[unk] * 2000]
+    with stream_path(), mock.patch.object(detokenizer_module, "DecodeStream", _CountingStream):
+        _CountingStream.steps = 0
+        texts = run(tok, [1], output)
+        assert _CountingStream.steps == len(ids)
+        kept = run(tok, [1], output[:3], skip_special_tokens=False)
+    assert "".join(texts) == reference_text(tok, [1], output, True)
+    assert "".join(kept) == reference_text(tok, [1], output[:3], False)
+    assert tok.id_to_token(unk) in "".join(kept)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@EXAMPLES
+@given(data=st.data())
+def test_skipped_special_tokens_anywhere_give_the_library_streams_steps(
+        kind: str, data: st.DataObject) -> None:
+    tok = load(kind)
+    specials = sorted(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+    ids = tok.encode(data.draw(st.sampled_from(sorted(SCRIPTS.values()))),
+                     add_special_tokens=False).ids
+    for _ in range(data.draw(st.integers(1, 8))):
+        ids.insert(data.draw(st.integers(0, len(ids))), data.draw(st.sampled_from(specials)))
+    library = DecodeStream(ids=[1], skip_special_tokens=True)
+    expected = [library.step(tok, t) or "" for t in ids]
+    with stream_path():
+        assert run(tok, [1], ids)[:len(ids)] == expected
