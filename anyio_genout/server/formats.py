@@ -14,6 +14,7 @@ from ..generate import FinishReason, FinishReasonKind
 from ..parsers import ReasoningTokenCounter
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 from .errors import ApiError, error_for
+from .json_encoding import dumps, dumps_in_slices, sse_event
 
 __all__ = ["CompletionFormat", "Format", "dumps", "engine_error", "prompt_logprobs_json",
            "sse_event", "usage"]
@@ -21,16 +22,6 @@ __all__ = ["CompletionFormat", "Format", "dumps", "engine_error", "prompt_logpro
 #: A string no output's text contains (a lone surrogate, which the text layer never makes),
 #: for cutting a rendered chunk around its text.
 _SPLIT: Final = "\udfff"
-
-
-def dumps(value: Any) -> bytes:
-    """``value`` as compact JSON, non-ASCII characters as they are (as vLLM sends them)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def sse_event(value: Any) -> bytes:
-    """One server-sent event carrying ``value`` as JSON."""
-    return b"data: " + dumps(value) + b"\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int,
@@ -130,9 +121,11 @@ class Format:
         raise NotImplementedError
 
     def event(self, out: TextOutput, index: int, *,
-              usage: dict[str, Any] | None = None) -> bytes | None:
+              usage: dict[str, Any] | None = None, sliced: bool = False) -> bytes | None:
         """The SSE event of a streamed output (None: nothing to send), ``chunk`` rendered,
-        with ``usage`` (continuous usage stats) if given.
+        with ``usage`` (continuous usage stats) if given; ``sliced``: encoded a slice of
+        each long list at a time (:func:`.json_encoding.dumps_in_slices`, for a large one
+        rendered in a worker thread).
 
         Most events carry new text alone (no finish, no logprobs, no echo due): those are
         the choice's chunk rendered once with a marker for its text, the text's JSON
@@ -153,6 +146,8 @@ class Format:
             chunk["system_fingerprint"] = self._terminal_fingerprint
         if usage is not None:
             chunk["usage"] = usage
+        if sliced:
+            return b"data: " + dumps_in_slices(chunk) + b"\n\n"
         return sse_event(chunk)
 
     def token(self, entry: TokenLogprob) -> str:

@@ -22,7 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 from ..text.client import TextClient
 from .errors import ApiError, error_body
 from .formats import dumps
-from .serving import Generation, Plan, serve_stream, serve_whole
+from .serving import Generation, Plan, serve_stream, serve_whole_json
 
 __all__ = ["BODY_SEND", "TextResponse"]
 
@@ -37,7 +37,7 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class TextResponse(Response):
-    """Serve ``plan`` on ``text_client`` over ASGI: JSON (:func:`.serving.serve_whole`), or
+    """Serve ``plan`` on ``text_client`` over ASGI: JSON (:func:`.serving.serve_whole_json`), or
     SSE if ``plan.stream`` (:func:`.serving.serve_stream`, once every choice has been
     entered: a bad field is a 400, not a broken stream)."""
 
@@ -109,9 +109,9 @@ class TextResponse(Response):
             if not generation.plan.stream:
                 # The requests are closed when serve_whole returns, before the body goes
                 # out, so a client that has it finds the request in /metrics.
-                body = await serve_whole(generation)
+                body = await serve_whole_json(generation)
                 await self._start(send, 200, _JSON_HEADERS)
-                await self._body(send, dumps(body), more=False)
+                await self._body(send, body, more=False)
                 return
             async with generation:
                 await self._start(send, 200, _SSE_HEADERS)

@@ -13,7 +13,8 @@ error (status, message, ``param``) to both:
 * :class:`Generation` enters every child request (checked and sent: a bad one is an
   ``ApiError`` before anything is answered), and :meth:`Generation.close` is what a
   disconnect calls;
-* :func:`serve_whole` runs one to its JSON body; :func:`serve_stream` runs an entered one,
+* :func:`serve_whole` runs one to its JSON body (:func:`serve_whole_json`: its bytes), a
+  large one rendered in a worker thread; :func:`serve_stream` runs an entered one,
   handing each rendered SSE chunk to a ``send_chunk`` callback, and returns the last bytes.
 
 Every :class:`~anyio_genout.errors.GenoutError` is mapped here, once, with the route's
@@ -25,6 +26,7 @@ functions: no async generator straddles them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -41,13 +43,15 @@ from ..text.request import TextRequest, check_text_request
 from ..text.stream import TextStream
 from . import requests
 from .errors import ApiError, error_body, validation_error
-from .formats import Format, sse_event, usage
+from .formats import Format, usage
 from .generation_defaults import with_defaults
+from .json_encoding import dumps, dumps_in_slices, sse_event
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ToolServing
 
 __all__ = ["CHAT_URL", "COMPLETIONS_URL", "DONE", "Body", "Generation", "Plan", "Serving",
-           "check_choices", "choices", "parse_body", "serve_stream", "serve_whole"]
+           "INLINE_RENDER_VALUES", "check_choices", "choices", "parse_body", "render_size",
+           "serve_stream", "serve_whole", "serve_whole_json"]
 
 COMPLETIONS_URL: Final = "/v1/completions"
 CHAT_URL: Final = "/v1/chat/completions"
@@ -184,7 +188,8 @@ class Generation:
 
     def __init__(self, text_client: TextClient, plan: Plan) -> None:
         self.plan = plan
-        self._text = text_client
+        #: The text client the requests run on.
+        self.text_client = text_client
         self._scopes = AsyncExitStack()
         #: The requests' streams, by choice index (those entered so far).
         self.streams: list[TextStream] = []
@@ -195,7 +200,7 @@ class Generation:
         try:
             for request in self.plan.requests:
                 self.streams.append(await self._scopes.enter_async_context(
-                    self._text.generate(request)))
+                    self.text_client.generate(request)))
                 if self._closed:
                     self.streams[-1].close()
         except GenoutError as exc:
@@ -264,15 +269,28 @@ async def _each(streams: list[TextStream],
         raise failures[0]
 
 
-async def serve_whole(generation: Generation) -> dict[str, Any]:
-    """Enter ``generation`` (not entered yet), read every choice to its end and leave it:
-    the response's JSON body. The requests are closed when it returns (a client given the
-    body finds the request in ``/metrics``: the streams record their end on close).
+#: A response (or a streamed event) of at most this many values to render (tokens, echoed
+#: prompt tokens, logprob entries: see :func:`render_size`) is rendered on the event loop
+#: (1-2 µs a value with its JSON encoding: a few ms); a larger one in the text client's
+#: worker thread, its JSON a slice at a time (:func:`.json_encoding.dumps_in_slices`): 16
+#: choices of 4,000 echoed tokens with 20 logprobs each held the event loop 1.7 s.
+INLINE_RENDER_VALUES: Final = 4096
 
-    Raises:
-        ApiError: a request failed (on entering: 400 naming the field, 503 while the
-            client is unhealthy; later: 500, or 503), as the route answers it.
-    """
+
+def render_size(outs: Sequence[CollectedTextOutput | TextOutput]) -> int:
+    """About how many values the response of ``outs`` renders: each token of the output
+    and of the prompt, and each logprob entry (rows times the last row's width)."""
+    size = 0
+    for out in outs:
+        size += len(out.token_ids) + len(out.prompt_token_ids or ())
+        for rows in (out.logprobs, out.prompt_logprobs):
+            if rows:
+                size += len(rows) * len(rows[-1])
+    return size
+
+
+async def _whole(generation: Generation, *, json: bool) -> Any:
+    """:func:`serve_whole`'s body; ``json``: encoded."""
     fmt = generation.plan.format
     async with generation:
         streams = generation.streams
@@ -283,9 +301,46 @@ async def serve_whole(generation: Generation) -> dict[str, Any]:
 
         try:
             await _each(streams, collect)
-            return fmt.whole([whole for whole in wholes if whole is not None])
         except GenoutError as exc:
             raise fmt.api_error(exc) from None
+    outs = [whole for whole in wholes if whole is not None]
+    try:
+        if render_size(outs) <= INLINE_RENDER_VALUES:
+            body = fmt.whole(outs)
+            return dumps(body) if json else body
+
+        def render() -> Any:
+            body = fmt.whole(outs)
+            return dumps_in_slices(body) if json else body
+
+        return await generation.text_client.run_in_worker(render)
+    except GenoutError as exc:
+        raise fmt.api_error(exc) from None
+
+
+async def serve_whole(generation: Generation) -> dict[str, Any]:
+    """Enter ``generation`` (not entered yet), read every choice to its end and leave it:
+    the response's JSON body, rendered in a worker thread if it is large
+    (:data:`INLINE_RENDER_VALUES`). The requests are closed when it returns (a client
+    given the body finds the request in ``/metrics``: the streams record their end on
+    close).
+
+    Raises:
+        ApiError: a request failed (on entering: 400 naming the field, 503 while the
+            client is unhealthy; later: 500, or 503), as the route answers it.
+    """
+    body: dict[str, Any] = await _whole(generation, json=False)
+    return body
+
+
+async def serve_whole_json(generation: Generation) -> bytes:
+    """:func:`serve_whole`'s body as JSON bytes (encoded where it is rendered).
+
+    Raises:
+        ApiError: as :func:`serve_whole`.
+    """
+    body: bytes = await _whole(generation, json=True)
+    return body
 
 
 async def serve_stream(generation: Generation,
@@ -302,6 +357,7 @@ async def serve_stream(generation: Generation,
     """
     plan = generation.plan
     fmt = plan.format
+    text_client = generation.text_client
     streams = generation.streams
     send = send_chunk
     if len(streams) > 1:
@@ -362,11 +418,16 @@ async def serve_stream(generation: Generation,
         nonlocal completion
         completion += len(out.token_ids)
         thought = None if counters is None else counters[i].feed(out.token_ids)
-        if counted is None:
-            event = fmt.event(out, i)
-        else:
+        now = None
+        if counted is not None:
             counted[i] += len(out.token_ids)
-            event = fmt.event(out, i, usage=usage(prompts[i], counted[i], thought))
+            now = usage(prompts[i], counted[i], thought)
+        if (out.logprobs is None and out.prompt_logprobs is None) \
+                or render_size((out,)) <= INLINE_RENDER_VALUES:
+            event = fmt.event(out, i, usage=now)
+        else:  # a large one (a long prompt's logprobs), off the event loop
+            event = await text_client.run_in_worker(
+                functools.partial(fmt.event, out, i, usage=now, sliced=True))
         if event is not None:
             await send(event)
 

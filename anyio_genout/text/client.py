@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import final
+from collections.abc import Callable, Sequence
+from typing import TypeVar, final
 
 from ..generate import Client
 from .offload import Offload, encode_request
@@ -12,6 +12,8 @@ from .stream import ModelEos, TextStream, new_text_stream
 from .tokenizer import Tokenizer
 
 __all__ = ["TextClient"]
+
+T = TypeVar("T")
 
 
 @final
@@ -104,3 +106,15 @@ class TextClient:
         """
         return await self._offload.decode(token_ids, skip_special_tokens=skip_special_tokens,
                                           field=field)
+
+    async def run_in_worker(self, work: Callable[[], T]) -> T:
+        """``work()`` in the worker thread that renders chat templates, for CPU work in
+        Python that would stall the event loop (the server renders a large whole response
+        this way): one such work at a time, each holding the GIL only in turns with the
+        event loop. A cancellation leaves at once: ``work`` runs on to its end in its
+        thread and its result is dropped.
+
+        Raises:
+            Whatever ``work`` raises.
+        """
+        return await self._offload.run_python(work)

@@ -195,6 +195,20 @@ class Offload:
             self._encoding = anyio.CapacityLimiter(ENCODE_THREADS)
         return await anyio.to_thread.run_sync(work, limiter=self._encoding)
 
+    async def run_python(self, work: Callable[[], T]) -> T:
+        """``work()``: Python work that holds the GIL (a large response's rendering), in the
+        thread that renders chat templates (one at a time: a second would only be another
+        contender for the GIL the event loop needs). A cancellation leaves at once: ``work``
+        runs on to its end in its thread and its result is dropped.
+
+        Raises:
+            Whatever ``work`` raises.
+        """
+        if self._rendering is None:
+            self._rendering = anyio.CapacityLimiter(RENDER_THREADS)
+        return await anyio.to_thread.run_sync(work, limiter=self._rendering,
+                                              abandon_on_cancel=True)
+
     async def render(self, messages: Any, *, add_generation_prompt: bool, max_chars: int,
                      template_kwargs: dict[str, Any]) -> str:
         """``tokenizer.apply_chat_template(...)``, its output held to ``max_chars``
@@ -219,9 +233,7 @@ class Offload:
             except RenderLimitError as exc:
                 if exc.kind != "time":
                     raise
-        if self._rendering is None:
-            self._rendering = anyio.CapacityLimiter(RENDER_THREADS)
-        return await anyio.to_thread.run_sync(call, limiter=self._rendering)
+        return await self.run_python(call)
 
 
 def _chars_within(value: Any, limit: int) -> bool:

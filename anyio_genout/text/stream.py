@@ -39,17 +39,21 @@ from .bad_words import bad_words_token_ids
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
 from .offload import Offload, encode_request
-from .output import CollectedTextOutput, TextOutput, collect_text
+from .output import CollectedTextOutput, TextOutput, TokenLogprob, collect_text
 from .request import TextRequest, check_text_request
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = ["ModelEos", "TextStream", "new_text_stream"]
+__all__ = ["INLINE_PROMPT_LOGPROBS", "ModelEos", "TextStream", "new_text_stream"]
 
 #: Passed by :func:`new_text_stream` only: the class has no public constructor.
 _MADE_HERE: Final = object()
+#: Prompt logprobs of at most this many entries (rows times their width) are decoded on
+#: the event loop (about 1.3 µs an entry: 5 ms); more in the worker thread (100,000 prompt
+#: tokens with 20 logprobs each held the event loop 2.8 s).
+INLINE_PROMPT_LOGPROBS: Final = 4096
 
 
 class ModelEos:
@@ -89,9 +93,9 @@ class TextStream:
     does gets :class:`anyio.BusyResourceError` at once.
     """
 
-    __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_inner", "_logprobs",
-                 "_offload", "_per_step", "_prompt", "_prompt_ids", "_prompt_pending", "_push",
-                 "_request", "_rid", "_tokenizer")
+    __slots__ = ("_client", "_decoder", "_done", "_entered", "_eos", "_first", "_inner",
+                 "_logprobs", "_offload", "_per_step", "_prompt", "_prompt_ids",
+                 "_prompt_pending", "_prompt_rows", "_push", "_request", "_rid", "_tokenizer")
 
     def __init__(self, client: Client, tokenizer: Tokenizer, eos: ModelEos,
                  request: TextRequest, offload: Offload | None = None, *,
@@ -117,6 +121,10 @@ class TextStream:
         self._prompt_ids: tuple[int, ...] = ()
         self._entered = False
         self._prompt_pending = True
+        # The first output, taken while its long prompt logprobs were decoded in a worker
+        # thread and the wait was cancelled (returned next), and those rows once decoded.
+        self._first: GenerateOutput | None = None
+        self._prompt_rows: list[list[TokenLogprob]] | None = None
         self._done = False
 
     # ------------------------------------------------------------------ scope
@@ -257,11 +265,31 @@ class TextStream:
         if self._done:
             await anyio.lowlevel.checkpoint()
             raise StopAsyncIteration
+        if self._prompt_pending:
+            return await self._first_output(inner)
         # Without a coroutine when an output is buffered (once per token at most
         # concurrencies); a plain step comes as its token ids, no GenerateOutput built.
         got = inner.receive_buffered()
         if got is None:
             got = await inner.receive()
+        return self._convert(inner, got)
+
+    async def _first_output(self, inner: GenerateStream) -> TextOutput:
+        """The first output: its prompt logprobs, if more than
+        :data:`INLINE_PROMPT_LOGPROBS` entries, decoded in the worker thread (a cancelled
+        wait keeps the output for the next call)."""
+        got: list[int] | GenerateOutput | None = self._first
+        if got is None:
+            got = inner.receive_buffered()
+            if got is None:
+                got = await inner.receive()
+        if isinstance(got, GenerateOutput) and got.prompt_logprobs is not None \
+                and got.prompt_logprobs.token_ids.size > INLINE_PROMPT_LOGPROBS:
+            self._first = got
+            self._prompt_rows = await self._offload.run_python(functools.partial(
+                prompt_logprob_rows, self._tokenizer, got.prompt_logprobs,
+                detokenize=self._request.detokenize))
+            self._first = None
         return self._convert(inner, got)
 
     def receive_nowait(self) -> TextOutput:
@@ -279,7 +307,10 @@ class TextStream:
             raise RuntimeError("use `async with text_client.generate(...) as stream` first")
         if self._done:
             raise anyio.EndOfStream
-        got = inner.receive_buffered(nowait=True)
+        got: list[int] | GenerateOutput | None = self._first
+        if got is None:
+            got = inner.receive_buffered(nowait=True)
+        self._first = None
         if got is None:
             raise anyio.WouldBlock
         return self._convert(inner, got)
@@ -337,7 +368,8 @@ class TextStream:
         if self._prompt_pending:
             self._prompt_pending = False
             prompt, prompt_ids = self._prompt, out.prompt_token_ids
-            if out.prompt_logprobs is not None:
+            prompt_logprobs, self._prompt_rows = self._prompt_rows, None
+            if prompt_logprobs is None and out.prompt_logprobs is not None:
                 prompt_logprobs = prompt_logprob_rows(self._tokenizer, out.prompt_logprobs,
                                                       detokenize=self._request.detokenize)
         return TextOutput(out.request_id, text, tokens, logprobs, finish, prompt_ids, prompt,

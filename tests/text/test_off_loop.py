@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
 import pytest
@@ -24,6 +25,7 @@ from anyio_genout import (
     StructuredOutputsParams,
     TextRequest,
 )
+from anyio_genout.text import stream as stream_module
 from anyio_genout.text.offload import DECODE_INLINE_TOKENS, RENDER_INLINE_CHARS
 from anyio_genout.text.tokenizer import Tokenizer
 from tests.text.client_support import added, text_client, tokenizer
@@ -225,3 +227,64 @@ async def test_a_large_json_schema_is_checked_in_a_worker_thread() -> None:
             async with setup.text.generate(request):
                 pass
         assert caught.value.field == "structured_outputs.json"
+
+
+async def test_a_long_prompts_logprobs_are_decoded_in_a_worker_thread() -> None:
+    # 40,000 prompt tokens with 20 logprobs each: 840,000 entries, about a second to decode
+    # (the event loop held all of it before).
+    prompt = list(tokenizer().encode(HUGE))[:40_000]
+    request = TextRequest(prompt_token_ids=prompt,
+                          sampling_params=SamplingParams(max_tokens=2, prompt_logprobs=20))
+    threads: list[threading.Thread] = []
+    rows_of = stream_module.prompt_logprob_rows
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread())
+        return rows_of(*args, **kwargs)
+
+    async with text_client(max_model_len=len(prompt) + 10) as setup:
+        with mock.patch.object(stream_module, "prompt_logprob_rows", recording):
+            async with _ticker() as worst:
+                start = time.perf_counter()
+                async with setup.text.generate(request) as stream:
+                    out = await stream.collect_text()
+                took = time.perf_counter() - start
+        assert threads and threads[0] is not threading.main_thread()
+        assert worst[0] < max(0.3, took / 2), \
+            f"another task waited {worst[0]:.2f} s (the request took {took:.2f} s)"
+        rows = out.prompt_logprobs
+        assert rows is not None and len(rows) == len(prompt) - 1
+        assert [row[0].token_id for row in rows] == prompt[1:]
+        assert all(len(row) >= 20 for row in rows)
+        # A short one stays on the event loop (no thread hop).
+        threads.clear()
+        short = TextRequest(prompt_token_ids=prompt[:50],
+                            sampling_params=SamplingParams(max_tokens=2, prompt_logprobs=5))
+        with mock.patch.object(stream_module, "prompt_logprob_rows", recording):
+            async with setup.text.generate(short) as stream:
+                await stream.collect_text()
+        assert threads == [threading.main_thread()]
+
+
+async def test_a_cancelled_wait_for_the_prompt_logprobs_loses_no_output() -> None:
+    prompt = list(tokenizer().encode(HUGE))[:2_000]
+    request = TextRequest(prompt_token_ids=prompt,
+                          sampling_params=SamplingParams(max_tokens=3, prompt_logprobs=5))
+    rows_of = stream_module.prompt_logprob_rows
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return rows_of(*args, **kwargs)
+
+    async with text_client(max_model_len=len(prompt) + 10) as setup, \
+            setup.text.generate(request) as stream:
+        with mock.patch.object(stream_module, "prompt_logprob_rows", slow):
+            start = time.perf_counter()
+            with anyio.move_on_after(0.05) as scope:
+                await stream.__anext__()
+            assert scope.cancelled_caught
+            assert time.perf_counter() - start < 0.25  # it did not wait for the thread
+            out = await stream.collect_text()
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt) - 1
+    assert list(out.prompt_token_ids) == prompt
+    assert len(out.token_ids) == 3
