@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Final
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -88,7 +88,7 @@ def validation_error(errors: Sequence[Mapping[str, Any]], body: Any) -> ApiError
     the first error, ``param`` its location in ``body`` with the union tags stripped
     (``prompt``, ``stop[0]``). The server's handler and ``run``'s batch lines both answer
     with it, so the two name a field alike."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid body"}
+    first = _telling(errors) if errors else {"loc": (), "msg": "invalid body"}
     if first.get("type") == "json_invalid":
         # loc is ("body", <character offset>): not a field, so no param.
         ctx = first.get("ctx")
@@ -97,6 +97,27 @@ def validation_error(errors: Sequence[Mapping[str, Any]], body: Any) -> ApiError
                         if detail else "invalid request: the body is not valid JSON")
     param = _loc(tuple(first.get("loc", ())), body)
     return ApiError(400, f"invalid request: {param}: {first.get('msg', 'invalid')}", param)
+
+
+#: Errors that say what is wrong with a union field's value as the type it is.
+_LENGTH_ERRORS: Final = frozenset({"too_long", "too_short"})
+
+
+def _telling(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The error to show: the first, unless it says a union field's value is not of one of
+    its types (``string_type`` for ``stop: ["a", ...]``) and another error on the same
+    field says the value has too many or too few items (``too_long``: at most 4 items)."""
+    first = errors[0]
+
+    def field(error: Mapping[str, Any]) -> Any:
+        loc = tuple(error.get("loc", ()))
+        return loc[1:2] if loc[:1] == ("body",) else loc[:1]
+
+    if str(first.get("type", "")).endswith("_type"):
+        for error in errors[1:]:
+            if error.get("type") in _LENGTH_ERRORS and field(error) == field(first):
+                return error
+    return first
 
 
 async def _on_validation(request: Request, exc: Exception) -> Response:

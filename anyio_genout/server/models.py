@@ -9,16 +9,22 @@ logged and ignored, as vLLM's server does.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import os
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: The most stop strings a request may list: vLLM's ``VLLM_MAX_STOP_STRINGS`` (the same
+#: environment variable, read at start-up; 4 by default). Each string is searched for at
+#: every token of the request.
+MAX_STOP_STRINGS: Final = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
 #: The range of ``seed``, vLLM's (a C long).
 _LONG_MIN = -(2**63)
 _LONG_MAX = 2**63 - 1
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "DetokenizeRequest", "JsonSchema",
-           "ResponseFormat", "StreamOptions", "TokenizeRequest"]
+__all__ = ["MAX_STOP_STRINGS", "ChatCompletionRequest", "CompletionRequest",
+           "DetokenizeRequest", "JsonSchema", "ResponseFormat", "StreamOptions",
+           "TokenizeRequest"]
 
 
 class _Body(BaseModel):
@@ -80,7 +86,7 @@ class _Sampling(_Body):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = Field(default=None, ge=_LONG_MIN, le=_LONG_MAX)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

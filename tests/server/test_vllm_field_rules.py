@@ -200,3 +200,17 @@ async def test_a_lone_surrogate_in_documents_is_named() -> None:
         answer = await http.post("/v1/chat/completions", content=json.dumps(body).encode(),
                                  headers={"content-type": "application/json"})
     assert _refused(answer, "documents[0].text")
+
+
+async def test_at_most_vllms_four_stop_strings_are_taken() -> None:
+    # vLLM's StopParam: a list of at most VLLM_MAX_STOP_STRINGS (4) items; each is searched
+    # at every token, so a hostile list of thousands made every token of the request costly.
+    async with served() as s:
+        four = ["zq1", "zq2", "zq3", "zq4"]
+        for answer in (await _completion(s, stop=four), await _chat(s, stop=four),
+                       await _completion(s, stop="one string")):
+            _ok(answer)
+        for answer in (await _completion(s, stop=[*four, "zq5"]),
+                       await _chat(s, stop=[f"s{i}" for i in range(5000)])):
+            message = _refused(answer, "stop")
+            assert "at most 4 items" in message, message
