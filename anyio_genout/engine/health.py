@@ -148,7 +148,7 @@ class Health:
             return
         for rank in dead:
             entries = registry.mark_down(rank, error)
-            self._rejoins.engines_down(True)
+            self._rejoins.engine_down(rank)
             self._aborts.forget_engine(rank)
             self._calls.fail_engine(rank, error)
             for entry in entries:

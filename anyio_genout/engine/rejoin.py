@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from typing import Final
 
 import anyio
 import attrs
 import zmq
 
-from ..errors import GenoutError, TransportError
+from ..errors import EngineDeadError, GenoutError, TransportError
 from ..protocol import (
     EngineCoreReadyResponse,
     EngineStatus,
@@ -31,9 +32,15 @@ from .config import EngineCoreClientConfig
 from .handshake import MAX_JUNK_LOGGED, BoundSockets, JunkLog
 from .reports import HealthReports
 
-__all__ = ["Rejoins", "answer_restarted_engines"]
+__all__ = ["HELLO_WAITS_FOR_DEATH", "Rejoins", "answer_restarted_engines"]
 
 logger = logging.getLogger("anyio_genout.engine")
+
+#: Seconds a restarted engine's HELLO that came while its rank was still up waits for that
+#: rank to be found down: an engine restarted at once (a supervisor) dials before the
+#: client has seen its predecessor die (the disconnect grace, a liveness check). It is
+#: answered then; past this (a duplicate of an engine that lives on), never.
+HELLO_WAITS_FOR_DEATH: Final = 60.0
 
 @attrs.define
 class _Rejoining:
@@ -73,6 +80,9 @@ class Rejoins:
         self._live = live
         self._reports = reports
         self._pending: dict[int, _Rejoining] = {}
+        #: By rank: the identity of a HELLO that came while the rank was up, and when (see
+        #: HELLO_WAITS_FOR_DEATH).
+        self._waiting: dict[int, tuple[bytes, float]] = {}
         self._ignore = JunkLog(" after start-up", "handshake socket").ignore
         #: HELLOs (bootstrapped: registrations) refused, and engines that rejoined.
         self.refused = 0
@@ -87,16 +97,46 @@ class Rejoins:
                     f"takes no engine back (restart the front end; with "
                     f"last_engine_death='wait' the last engine's death does not fail it)")
         if rank in self._live:
-            return (f"engine {rank} is up (a duplicate, or its restart came before its death "
-                    f"was found)")
+            return f"engine {rank} is up"
         return None
+
+    def _wait_for_death(self, rank: int, identity: bytes) -> bool:
+        """Keep the HELLO of engine ``rank`` (``identity``), which is up, until it is found
+        down (:meth:`engine_down`); False if the client failed."""
+        if self._reports.error is not None or rank not in self._live:
+            return False
+        self._waiting[rank] = (identity, anyio.current_time())
+        logger.warning("engine %d said HELLO while it is up: a restart that came before its "
+                       "death was found, or a duplicate; it is answered if engine %d is "
+                       "found down within %g s", rank, rank, HELLO_WAITS_FOR_DEATH)
+        return True
+
+    def engine_down(self, rank: int) -> None:
+        """Engine ``rank`` was found down: a new input connection may take over its
+        identity, and a HELLO that came from it while it was up, not too long ago, is
+        answered now."""
+        self.engines_down(True)
+        waiting = self._waiting.pop(rank, None)
+        if waiting is None or self._handshake is None:
+            return
+        identity, since = waiting
+        if anyio.current_time() - since > HELLO_WAITS_FOR_DEATH:
+            return
+        self._pending[rank] = _Rejoining()
+        logger.info("engine %d is down: answering the HELLO it said while it was up with "
+                    "INIT", rank)
+        try:
+            self._handshake.send_nowait([identity, self._init])
+        except anyio.ClosedResourceError:  # the client is closing
+            self._pending.pop(rank, None)
 
     def engines_down(self, down: bool) -> None:
         """Whether an engine is down: only then may a new input connection take over an
         engine's identity (``ROUTER_HANDOVER``), for the restarted engine whose hung
         predecessor may still hold it."""
         try:
-            self._input.raw.setsockopt(zmq.ROUTER_HANDOVER, 1 if down else 0)
+            handover = down or self._handshake is None  # bootstrapped: always (handshake.py)
+            self._input.raw.setsockopt(zmq.ROUTER_HANDOVER, 1 if handover else 0)
         except zmq.ZMQError:  # closed meanwhile
             pass
         if not down:
@@ -135,6 +175,8 @@ class Rejoins:
                     "of this client's (%s; elastic growth is not supported), no INIT sent",
                     identity[:16], _ranks(self._config.engine_ranks))
             elif (why := self._refusal(rank)) is not None:
+                if self._wait_for_death(rank, identity):
+                    return
                 self.refused += 1
                 logger.warning("refusing a HELLO from engine %d: %s; no INIT sent", rank, why)
             else:
@@ -160,6 +202,14 @@ class Rejoins:
         rank = self._ranks.get(bytes(frames[0].buffer))
         if rank is None:
             return False
+        if self._handshake is None and rank in self._live and self._reports.error is None:
+            # An engine registers once, as it starts, and the ROUTER gives a new connection
+            # the rank's identity only once its predecessor's connection is gone: this is a
+            # restart whose predecessor's death the watchers have not found yet (its
+            # reconnection would have passed their probe for the old engine's).
+            self._reports.fail_engines([rank], EngineDeadError(
+                f"engine {rank} registered again on the input socket: it restarted, so "
+                f"the engine it replaces is gone", ranks=[rank]))
         why = self._refusal(rank)
         if why is not None:
             if self._handshake is not None:

@@ -151,12 +151,32 @@ async def test_a_hello_from_a_rank_that_is_up_is_refused(
         with (caplog.at_level(logging.WARNING, "anyio_genout.engine"), anyio.fail_after(5),
               pytest.raises(HandshakeTimeoutError)):
             await duplicate.serve()  # no INIT comes
-        assert "refusing a HELLO from engine 0: engine 0 is up" in caplog.text
+        assert "engine 0 said HELLO while it is up" in caplog.text
         assert not duplicate.ready
         # The engine that is up serves on, and nothing changed.
         assert c.client.live_engines == [0, 1] and c.health == []
         assert (await stream(c.front, "still", rank=0))[0] == 0
         assert any(rid.startswith("still") for rid in c.engines[0].added_ids)
+
+
+@pytest.mark.parametrize("bootstrapped", [False, True])
+async def test_an_engine_restarted_before_its_death_was_found_rejoins(
+        bootstrapped: bool) -> None:
+    # A supervisor restarts a killed engine at once: its HELLO (bootstrapped: its
+    # registration) comes while the client still has the rank up, in the disconnect
+    # grace. Refused then, it was never answered and the rank stayed down for good.
+    grace = 1.0
+    async with generate_client(**settings(bootstrapped=bootstrapped,
+                                          health={"disconnect_grace": grace})) as (_, c):
+        engine = c.client
+        c.scopes[VICTIM].cancel()  # its sockets close, as a killed process's do
+        new = await c.start(VICTIM, vllm_version="0.33.1")
+        await anyio.sleep(0.3)  # its HELLO (registration) is in by now
+        assert VICTIM in engine.live_engines  # the death is not found yet: the grace
+        await wait_until(lambda: engine.ready_responses[VICTIM].vllm_version == "0.33.1",
+                         grace + 5)
+        assert c.health == [(VICTIM, False), (VICTIM, True)]
+        await check_serves_again(c, new, "after")
 
 
 async def test_a_rank_out_of_range_is_refused_and_junk_ignored(

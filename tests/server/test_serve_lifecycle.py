@@ -169,6 +169,35 @@ def test_the_only_engine_killed_and_restarted_is_served_again(backend: str,
     assert "Running on" not in serve.err  # Hypercorn's line (printed twice, it was)
 
 
+@KILL_PAIRS
+def test_an_engine_restarted_at_once_after_sigkill_is_served_again(backend: str,
+                                                                   workers: int) -> None:
+    # A supervisor restarts a killed engine at once: its HELLO (with workers, its
+    # registration at each worker) comes before the server has found the death (2 s of
+    # disconnect grace). It was refused as "engine 0 is up", never answered, and the
+    # server answered 503 until --engine-rejoin-timeout (600 s by default), then exited.
+    address, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    base = f"http://127.0.0.1:{port}"
+    with children() as running:
+        running.append(engine := mock_engine(address, 0))
+        running.append(serve := server(address, port, backend, workers))
+        until_health(base, 200, 30, serve)
+        assert_serves(base, 2)
+        engine.process.kill()
+        running.append(mock_engine(address, 0))  # at once, on the same address
+        killed = time.monotonic()
+        while serve.err.count("engine 0 is back") < workers:  # in each worker
+            assert serve.process.poll() is None, serve.err
+            assert time.monotonic() - killed < 15, f"not taken back:\n{serve.err}"
+            time.sleep(0.05)
+        until_health(base, 200, 5, serve, times=4 * workers)
+        assert_serves(base)
+        serve.process.send_signal(signal.SIGTERM)
+        assert serve.wait(20) == 0, serve.err
+    assert "refusing a HELLO" not in serve.err, serve.err
+    assert "ignoring a registration" not in serve.err, serve.err
+
+
 @BACKENDS
 def test_two_engines_both_killed_and_restarted_are_served_again(backend: str) -> None:
     address, port = f"tcp://127.0.0.1:{free_port()}", free_port()
