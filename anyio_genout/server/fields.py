@@ -51,8 +51,9 @@ REQUEST_FIELDS: Final[Mapping[str, tuple[Kind, str]]] = {
     "prompt_logprobs": (_I, "in the whole response; refused with stream as vLLM does"),
     "logit_bias": (_I, "token id (as a string) to bias, clamped to [-100, 100] as vLLM"),
     "allowed_token_ids": (_I, ""),
-    "echo": (_I, "completions: the prompt first; chat: the last message's content first, "
-             "and the prompt's logprobs in the whole response, as vLLM"),
+    "echo": (_I, "completions: the prompt first (with max_tokens 0 the prompt alone, as "
+             "vLLM); chat: the last message's content first, and the prompt's logprobs in "
+             "the whole response, as vLLM"),
     "add_generation_prompt": (_I, "passed to the chat template; false: the answer has the "
                               "last message's role, as vLLM"),
     "continue_final_message": (_I, "no generation prompt, cut after the last message"),

@@ -221,11 +221,14 @@ class CompletionFormat(Format):
     streamed, as vLLM sends it) begins with its prompt (``decode`` gives the text of a
     token-id prompt); with ``echo`` and ``top`` its logprobs begin with the prompt's (the
     first prompt token has none), which the requests must have asked the engine for
-    (``prompt_logprobs``)."""
+    (``prompt_logprobs``). ``prompt_only`` (echo with ``max_tokens`` 0, vLLM's echo without
+    generation): the text and logprobs are the prompt's alone, the generated token hidden
+    (its finish and its count in the usage stay, as in vLLM)."""
 
     object_whole = object_chunk = "text_completion"
 
     def __init__(self, response_id: str, model: str, top: int | None, *, echo: bool = False,
+                 prompt_only: bool = False,
                  n: int = 1, decode: Callable[[Sequence[int]], str] | None = None,
                  constraint: str | None = None, prompt_logprobs: bool = False,
                  token_ids: bool = False) -> None:
@@ -233,6 +236,7 @@ class CompletionFormat(Format):
                          prompt_logprobs=prompt_logprobs, token_ids=token_ids)
         self._offsets: dict[int, int] = {}  # by choice index
         self._echo = echo
+        self._prompt_only = prompt_only
         self._echoed: set[int] = set()  # the streamed choices whose prompt was sent
         self._decode = decode
 
@@ -293,14 +297,17 @@ class CompletionFormat(Format):
     def _with_prompt(self, text: str, rows: list[list[TokenLogprob]] | None,
                      prompt: str | None, prompt_ids: Sequence[int] | None,
                      prompt_rows: list[list[TokenLogprob]] | None) -> tuple[str, list[_Row] | None]:
-        """A choice's text and logprob rows with its prompt in front (echo)."""
+        """A choice's text and logprob rows with its prompt in front (echo); the prompt's
+        alone with ``prompt_only``."""
+        if self._prompt_only:
+            text, rows = "", None
         text = self._prompt_text(prompt, prompt_ids) + text
         if self.top is None:
             return text, None
         return text, [*self._echo_rows(prompt_ids, prompt_rows), *(rows or ())]
 
     def _plain(self, index: int) -> bool:
-        return not self._echo or index in self._echoed
+        return not self._echo or (index in self._echoed and not self._prompt_only)
 
     def chunk(self, out: TextOutput, index: int) -> dict[str, Any] | None:
         """Raises RequestFailedError (echo with logprobs) if the engine's prompt logprobs
@@ -313,6 +320,10 @@ class CompletionFormat(Format):
             # vLLM's echo chunk carries the prompt's ids (its first chunk of each choice).
             choice["prompt_token_ids"] = list(out.prompt_token_ids or ())
             return self.envelope(self.object_chunk, [choice])
+        if self._prompt_only:  # nothing generated is shown (one token, with the echo)
+            if not out.finished:
+                return None
+            out = TextOutput(out.request_id, "", [], None, out.finish_reason)
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
         return self.envelope(self.object_chunk,

@@ -125,8 +125,8 @@ class CompletionRequest(_Sampling):
     _NULL_IS_DEFAULT = frozenset({"stream", "echo"})
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    #: At least 1: vLLM's ``echo`` with 0 (the prompt alone) is not served (refused).
-    max_tokens: int | None = Field(default=16, ge=1)
+    #: At least 1; 0 only with ``echo``: vLLM's prompt-only echo (requests.completion_choices).
+    max_tokens: int | None = Field(default=16, ge=0)
     #: -1 (vLLM's "every token") passes the model to be refused by name (:mod:`.fields`).
     logprobs: int | None = Field(default=None, ge=-1)
     echo: bool = False

@@ -235,6 +235,8 @@ class Choices:
     #: How many alternatives the logprobs show (None: no logprobs).
     logprobs: int | None
     echo: bool = False
+    #: Completions' ``echo`` with ``max_tokens`` 0: the prompt alone is shown.
+    prompt_only: bool = False
     chat: bool = False
     #: The field of the body's structured-output constraint (None: it has none).
     constraint: str | None = None
@@ -260,7 +262,8 @@ class Choices:
                               token_ids=self.token_ids, echo_text=self.echo_text,
                               parsing=self.parsing, role=self.role, token_id=token_id)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
-                                n=self.n, decode=decode, constraint=self.constraint,
+                                prompt_only=self.prompt_only, n=self.n, decode=decode,
+                                constraint=self.constraint,
                                 prompt_logprobs=self.prompt_logprobs,
                                 token_ids=self.token_ids)
 
@@ -297,8 +300,14 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
         raise ApiError(400, f"invalid request: prompt: {len(prompts)} prompts with n={body.n} "
                        f"are {len(prompts) * body.n} choices; at most {max_n} (the server's "
                        "max_n) per request", "prompt")
+    # vLLM's echo without generation: one token is generated (and counted in the usage),
+    # the answer shows the prompt alone.
+    prompt_only = body.echo and body.max_tokens == 0
+    if body.max_tokens == 0 and not prompt_only:
+        raise ApiError(400, "invalid request: max_tokens: Input should be greater than or "
+                       "equal to 1 (0 only with echo: the prompt alone)", "max_tokens")
     request_id = _request_id("cmpl", body)
-    params = _sampling(body, body.max_tokens, body.logprobs)
+    params = _sampling(body, 1 if prompt_only else body.max_tokens, body.logprobs)
     if body.echo and body.logprobs is not None:
         params = attrs.evolve(params, prompt_logprobs=max(body.logprobs,
                                                           body.prompt_logprobs or 0))
@@ -318,7 +327,7 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
             truncation_side=body.truncation_side)
         requests.extend(choices(request, body.n))
     return Choices(request_id, requests, body.n, body.logprobs, echo=body.echo,
-                   constraint=_constraint(body),
+                   prompt_only=prompt_only, constraint=_constraint(body),
                    prompt_logprobs=body.prompt_logprobs is not None,
                    token_ids=bool(body.return_tokens_as_token_ids))
 

@@ -70,6 +70,8 @@ COMPLETIONS: list[tuple[str, dict[str, Any]]] = [
     ("prompt_logprobs", {"prompt_logprobs": 2}),
     ("echo", {"echo": True}),
     ("echo_logprobs", {"echo": True, "logprobs": 1}),
+    ("echo_prompt_only", {"echo": True, "max_tokens": 0}),
+    ("echo_prompt_only_logprobs", {"echo": True, "max_tokens": 0, "logprobs": 2}),
     ("logit_bias", {"logit_bias": {"139": -100, "7": -100}}),
     ("stream_interval", {"stream_interval": 3, "max_tokens": 10}),
     ("allowed_token_ids", {"allowed_token_ids": [5, 9, 44, 300], "max_tokens": 6}),
@@ -121,6 +123,7 @@ CHATS: list[tuple[str, dict[str, Any]]] = [
 REFUSALS: list[tuple[str, str, dict[str, Any]]] = [
     ("n_greedy", "completions", {"n": 2}),
     ("max_tokens_negative", "completions", {"max_tokens": -1}),
+    ("max_tokens_zero", "completions", {"max_tokens": 0}),
     ("temperature_negative", "completions", {"temperature": -0.5}),
     ("top_p_zero", "completions", {"top_p": 0.0}),
     ("logprobs_too_many", "completions", {"logprobs": 50}),

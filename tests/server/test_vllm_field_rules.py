@@ -214,3 +214,36 @@ async def test_at_most_vllms_four_stop_strings_are_taken() -> None:
                        await _chat(s, stop=[f"s{i}" for i in range(5000)])):
             message = _refused(answer, "stop")
             assert "at most 4 items" in message, message
+
+
+async def test_echo_with_max_tokens_0_answers_the_prompt_alone() -> None:
+    # vLLM's echo without generation: the engine generates one token (counted in the
+    # usage, with its finish), the answer shows the prompt's text and logprobs alone.
+    async with served() as s:
+        body = {"prompt": PROMPT, "echo": True, "max_tokens": 0, "logprobs": 2}
+        whole = _ok(await _completion(s, **body))
+        assert _sent(s).sampling_params.max_tokens == 1
+        choice = whole["choices"][0]
+        assert choice["text"] == PROMPT
+        prompt_ids = list(_sent(s).prompt_token_ids)
+        assert len(choice["logprobs"]["tokens"]) == len(prompt_ids)
+        assert choice["logprobs"]["token_logprobs"][0] is None
+        assert "".join(choice["logprobs"]["tokens"]).endswith(PROMPT)  # after the BOS
+        assert choice["finish_reason"] == "length"
+        assert whole["usage"]["completion_tokens"] == 1
+        assert whole["usage"]["prompt_tokens"] == len(prompt_ids)
+        streamed = await _post(s, "/v1/completions", {"prompt": PROMPT, "echo": True,
+                                                      "max_tokens": 0, "stream": True,
+                                                      "stream_options": {
+                                                          "include_usage": True}})
+        assert streamed.status_code == 200, streamed.text
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                  if line.startswith("data: {")]
+        texts = [c["text"] for e in events for c in e["choices"]]
+        assert "".join(texts) == PROMPT
+        assert [c["finish_reason"] for e in events for c in e["choices"]][-1] == "length"
+        assert events[-1]["usage"]["completion_tokens"] == 1
+        assert streamed.text.endswith("data: [DONE]\n\n")
+        # Without echo, 0 is refused, naming the field.
+        assert "greater than or equal to 1" in _refused(
+            await _completion(s, max_tokens=0), "max_tokens")
