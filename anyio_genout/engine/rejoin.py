@@ -42,6 +42,7 @@ logger = logging.getLogger("anyio_genout.engine")
 #: answered then; past this (a duplicate of an engine that lives on), never.
 HELLO_WAITS_FOR_DEATH: Final = 60.0
 
+
 @attrs.define
 class _Rejoining:
     """A restarted engine between its HELLO and its rejoining."""
@@ -133,7 +134,7 @@ class Rejoins:
     def engines_down(self, down: bool) -> None:
         """Whether an engine is down: only then may a new input connection take over an
         engine's identity (``ROUTER_HANDOVER``), for the restarted engine whose hung
-        predecessor may still hold it."""
+        predecessor may still hold it (bootstrapped: always, see :meth:`on_input`)."""
         try:
             handover = down or self._handshake is None  # bootstrapped: always (handshake.py)
             self._input.raw.setsockopt(zmq.ROUTER_HANDOVER, 1 if handover else 0)
@@ -203,10 +204,10 @@ class Rejoins:
         if rank is None:
             return False
         if self._handshake is None and rank in self._live and self._reports.error is None:
-            # An engine registers once, as it starts, and the ROUTER gives a new connection
-            # the rank's identity only once its predecessor's connection is gone: this is a
-            # restart whose predecessor's death the watchers have not found yet (its
-            # reconnection would have passed their probe for the old engine's).
+            # An engine registers once, as it starts (an engine that only reconnects does
+            # not): this is a restart whose predecessor's death the watchers have not found
+            # yet, and the new connection, taking over the identity (handover is always on
+            # here), would have answered their probe in the old engine's place.
             self._reports.fail_engines([rank], EngineDeadError(
                 f"engine {rank} registered again on the input socket: it restarted, so "
                 f"the engine it replaces is gone", ranks=[rank]))
