@@ -121,11 +121,8 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         sockets.insert(0, monitor)
         input_monitor = inp.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, input_monitor)
-        # With a handshake, no handover yet: while every engine is up, no peer may take an
-        # engine's identity (.rejoin.Rejoins.engines_down turns it on while one is down,
-        # for its restart, which first says HELLO). Bootstrapped, always: a restart
-        # registers at once, maybe before its predecessor's death was found, and its
-        # registration tells the client so (.rejoin.Rejoins.on_input).
+        # With a handshake, handover only while an engine is down (.rejoin.Rejoins
+        # .engines_down); bootstrapped always, for a restart's registration (on_input).
         inp.raw.setsockopt(zmq.ROUTER_HANDOVER,
                            1 if isinstance(transport, BootstrappedTransport) else 0)
         handshake = None

@@ -230,3 +230,15 @@ def check_logprob_counts(body: Any) -> None:
             raise ApiError(400, f"invalid request: {name}: -1 (every token of the "
                            "vocabulary) is not supported; ask for at most the server's "
                            "--max-logprobs", name)
+
+
+def echo_without_generation(echo: bool, max_tokens: int | None) -> bool:
+    """Whether a completions body is vLLM's echo without generation (``echo`` with
+    ``max_tokens`` 0: one token is generated and counted in the usage, the answer shows the
+    prompt alone). Raises ApiError (400 naming ``max_tokens``) for 0 without ``echo``."""
+    if max_tokens != 0:
+        return False
+    if not echo:
+        raise ApiError(400, "invalid request: max_tokens: Input should be greater than or "
+                       "equal to 1 (0 only with echo: the prompt alone)", "max_tokens")
+    return True

@@ -19,7 +19,7 @@ from ..text.chat_template import ROLES
 from ..text.request import TextRequest
 from .chat_format import ChatFormat
 from .errors import ApiError, error_for
-from .fields import check_fields, check_logprob_counts
+from .fields import check_fields, check_logprob_counts, echo_without_generation
 from .formats import CompletionFormat, Format
 from .models import ChatCompletionRequest, CompletionRequest
 from .tools import ChatParsing, ToolPlan, ToolServing, plan_tools
@@ -232,11 +232,9 @@ class Choices:
     response_id: str
     requests: list[TextRequest]
     n: int
-    #: How many alternatives the logprobs show (None: no logprobs).
-    logprobs: int | None
+    logprobs: int | None  #: how many alternatives the logprobs show (None: no logprobs)
     echo: bool = False
-    #: Completions' ``echo`` with ``max_tokens`` 0: the prompt alone is shown.
-    prompt_only: bool = False
+    prompt_only: bool = False  #: completions' echo with max_tokens 0 (the prompt alone)
     chat: bool = False
     #: The field of the body's structured-output constraint (None: it has none).
     constraint: str | None = None
@@ -263,9 +261,8 @@ class Choices:
                               parsing=self.parsing, role=self.role, token_id=token_id)
         return CompletionFormat(self.response_id, model, self.logprobs, echo=self.echo,
                                 prompt_only=self.prompt_only, n=self.n, decode=decode,
-                                constraint=self.constraint,
-                                prompt_logprobs=self.prompt_logprobs,
-                                token_ids=self.token_ids)
+                                constraint=self.constraint, token_ids=self.token_ids,
+                                prompt_logprobs=self.prompt_logprobs)
 
 
 def _constraint(body: CompletionRequest | ChatCompletionRequest) -> str | None:
@@ -300,12 +297,7 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
         raise ApiError(400, f"invalid request: prompt: {len(prompts)} prompts with n={body.n} "
                        f"are {len(prompts) * body.n} choices; at most {max_n} (the server's "
                        "max_n) per request", "prompt")
-    # vLLM's echo without generation: one token is generated (and counted in the usage),
-    # the answer shows the prompt alone.
-    prompt_only = body.echo and body.max_tokens == 0
-    if body.max_tokens == 0 and not prompt_only:
-        raise ApiError(400, "invalid request: max_tokens: Input should be greater than or "
-                       "equal to 1 (0 only with echo: the prompt alone)", "max_tokens")
+    prompt_only = echo_without_generation(body.echo, body.max_tokens)
     request_id = _request_id("cmpl", body)
     params = _sampling(body, 1 if prompt_only else body.max_tokens, body.logprobs)
     if body.echo and body.logprobs is not None:
