@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -256,6 +256,20 @@ def anyio_backend() -> str:
     return "asyncio"  # the server is a child process; the test's own loop does not matter
 
 
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The SSE stream's lines, split where SSE splits them: at LF (a CR before it dropped).
+    Not ``aiter_lines``: it splits as ``str.splitlines`` does, at U+0085, U+2028 and U+2029
+    too, which the JSON of a token's text carries as they are (vLLM's too), so a random
+    token decoding to one cut its event's line in two."""
+    rest = ""
+    async for text in response.aiter_text():
+        *lines, rest = (rest + text).split("\n")
+        for line in lines:
+            yield line.removesuffix("\r")
+    if rest:
+        yield rest
+
+
 async def _stream(http: httpx.AsyncClient, url: str, rid: str, tokens: int,
                   results: dict[str, dict[str, Any]], started: anyio.Event) -> None:
     body = {"model": "m", "prompt": "Once upon a time", "max_tokens": tokens, "stream": True,
@@ -264,7 +278,7 @@ async def _stream(http: httpx.AsyncClient, url: str, rid: str, tokens: int,
     done = False
     async with http.stream("POST", url, json=body) as response:
         assert response.status_code == 200
-        async for line in response.aiter_lines():
+        async for line in _sse_lines(response):
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
