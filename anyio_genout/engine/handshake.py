@@ -121,10 +121,9 @@ def bind_sockets(context: zmq.Context[Any], config: EngineCoreClientConfig) -> B
         sockets.insert(0, monitor)
         input_monitor = inp.monitor(OUTPUT_MONITOR_EVENTS)
         sockets.insert(0, input_monitor)
-        # With a handshake, handover only while an engine is down (.rejoin.Rejoins
-        # .engines_down); bootstrapped always, for a restart's registration (on_input).
-        inp.raw.setsockopt(zmq.ROUTER_HANDOVER,
-                           1 if isinstance(transport, BootstrappedTransport) else 0)
+        # No handover during start-up: no peer may take an engine's identity (after it,
+        # .rejoin.Rejoins.engines_down says when a new connection may).
+        inp.raw.setsockopt(zmq.ROUTER_HANDOVER, 0)
         handshake = None
         if isinstance(transport, BootstrappedTransport):
             input_address = inp.bind(transport.input_address,

@@ -88,6 +88,7 @@ class Rejoins:
         #: HELLOs (bootstrapped: registrations) refused, and engines that rejoined.
         self.refused = 0
         self.rejoined = 0
+        self.engines_down(False)  # the input socket's handover, from now on
 
     def _refusal(self, rank: int) -> str | None:
         """Why a restarted engine ``rank`` cannot rejoin now (its HELLO or registration is
@@ -136,7 +137,7 @@ class Rejoins:
         engine's identity (``ROUTER_HANDOVER``), for the restarted engine whose hung
         predecessor may still hold it (bootstrapped: always, see :meth:`on_input`)."""
         try:
-            handover = down or self._handshake is None  # bootstrapped: always (handshake.py)
+            handover = down or self._handshake is None  # bootstrapped: always
             self._input.raw.setsockopt(zmq.ROUTER_HANDOVER, 1 if handover else 0)
         except zmq.ZMQError:  # closed meanwhile
             pass

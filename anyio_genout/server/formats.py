@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring
@@ -14,7 +13,7 @@ from ..generate import FinishReason, FinishReasonKind
 from ..parsers import ReasoningTokenCounter
 from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
 from .errors import ApiError, error_for
-from .json_encoding import dumps, dumps_in_slices, sse_event
+from .json_encoding import dumps, dumps_text, sse_event
 
 __all__ = ["CompletionFormat", "Format", "dumps", "engine_error", "prompt_logprobs_json",
            "sse_event", "usage"]
@@ -146,9 +145,7 @@ class Format:
             chunk["system_fingerprint"] = self._terminal_fingerprint
         if usage is not None:
             chunk["usage"] = usage
-        if sliced:
-            return b"data: " + dumps_in_slices(chunk) + b"\n\n"
-        return sse_event(chunk)
+        return sse_event(chunk, sliced=sliced)
 
     def token(self, entry: TokenLogprob) -> str:
         """A logprob entry's token as shown."""
@@ -161,7 +158,7 @@ class Format:
     def _template(self, index: int) -> tuple[bytes, bytes]:
         chunk = self.chunk(TextOutput("", _SPLIT, []), index)
         assert chunk is not None
-        rendered = json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+        rendered = dumps_text(chunk)  # a str: the marker is a lone surrogate
         # The text is the chunk's last string: what precedes it (a model name) cannot fool
         # the cut.
         before, marker, after = rendered.rpartition(encode_basestring(_SPLIT))

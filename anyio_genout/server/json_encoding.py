@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-__all__ = ["SLICE_ITEMS", "dumps", "dumps_in_slices", "sse_event"]
+__all__ = ["SLICE_ITEMS", "dumps", "dumps_in_slices", "dumps_text", "sse_event"]
 
 _ENCODE: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 #: How many items of a long list :func:`dumps_in_slices` encodes in one call (256 rows of
@@ -23,14 +23,21 @@ SLICE_ITEMS: Final = 256
 _DEPTH: Final = 4
 
 
+def dumps_text(value: Any) -> str:
+    """``value`` as compact JSON text, non-ASCII characters as they are (as vLLM sends
+    them)."""
+    return _ENCODE(value)
+
+
 def dumps(value: Any) -> bytes:
-    """``value`` as compact JSON, non-ASCII characters as they are (as vLLM sends them)."""
+    """:func:`dumps_text` as UTF-8 bytes."""
     return _ENCODE(value).encode()
 
 
-def sse_event(value: Any) -> bytes:
-    """One server-sent event carrying ``value`` as JSON."""
-    return b"data: " + dumps(value) + b"\n\n"
+def sse_event(value: Any, *, sliced: bool = False) -> bytes:
+    """One server-sent event carrying ``value`` as JSON; ``sliced``: encoded with
+    :func:`dumps_in_slices`."""
+    return b"data: " + (dumps_in_slices(value) if sliced else dumps(value)) + b"\n\n"
 
 
 def dumps_in_slices(value: Any, *, slice_items: int = SLICE_ITEMS) -> bytes:
