@@ -36,12 +36,16 @@ CHECKPOINT_EVERY: Final = 64
 # turns later. The lookup costs microseconds, so it is made only when it matters: when the
 # consumer waited at least CONGESTED seconds for its turn (a long loop pass), and at most
 # every DEADLINE_REFRESH seconds per stream. A consumer resumed past that deadline (from
-# its checkpoint, or woken by an output) yields again (up to EXTRA_YIELDS times) so that the
+# its checkpoint, or woken by an output) yields again (EXTRA_YIELDS times, counted once the
+# loop's clock has reached the deadline too, for at most LOOP_CLOCK_LAG) so that the
 # loop delivers the cancellation before it takes another output: in a long loop pass every
 # consumer already past its deadline then leaves the pass without doing its work.
 CONGESTED: Final = 0.01
 DEADLINE_REFRESH: Final = 0.1
 EXTRA_YIELDS: Final = 2
+#: Seconds a consumer past its deadline by this clock keeps yielding while the event loop's
+#: clock has not reached that deadline yet (uvloop's trails by up to a millisecond).
+LOOP_CLOCK_LAG: Final = 0.01
 
 _clock: Final = time.perf_counter
 
@@ -219,15 +223,22 @@ class EngineCoreOutputStream:
     async def _yield_past_deadline(self) -> None:
         """The consumer resumed past its scopes' deadline, before the loop delivered the
         cancellation (asyncio runs due timers after the tasks already queued; any loop wakes
-        a task whose output arrived first): yield again, up to EXTRA_YIELDS times, so that
-        the cancellation comes before another output does. Every consumer in a long loop
-        pass that is past its deadline then leaves the pass at once, not after its work."""
+        a task whose output arrived first): yield again, EXTRA_YIELDS times once the loop's
+        clock has reached the deadline too, so that the cancellation comes before another
+        output does. Every consumer in a long loop pass that is past its deadline then
+        leaves the pass at once, not after its work."""
         self._pace.leaving()  # and the reader, one message a pass (pace.py)
         extra = 0
+        give_up = _clock() + LOOP_CLOCK_LAG
         while _clock() >= self._deadline and extra < EXTRA_YIELDS:
-            extra += 1
             self._yielded = self._deadline_fresh = 0.0  # look again: it may be gone
             await anyio.lowlevel.checkpoint()
+            # A yield counts once the loop's own clock has reached the deadline too: it may
+            # trail this one (uvloop's moves in whole milliseconds), and until it does, the
+            # scope's timer finds its deadline not reached and waits for the next tick.
+            if (anyio.current_time() >= anyio.current_effective_deadline()
+                    or _clock() >= give_up):
+                extra += 1
             self._new_turn()
 
     def _new_turn(self) -> None:
