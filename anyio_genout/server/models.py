@@ -22,6 +22,14 @@ MAX_STOP_STRINGS: Final = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
 _LONG_MIN = -(2**63)
 _LONG_MAX = 2**63 - 1
 
+# The list fields stop at their first bad item (``fail_fast``): by default pydantic goes on
+# to every item and makes an error of each, and a union tries each of its list branches in
+# full, so a 1 MiB body of 200,000 wrong items held the event loop for seconds.
+_Ints = Annotated[list[int], Field(fail_fast=True)]
+_Strs = Annotated[list[str], Field(fail_fast=True)]
+_IntLists = Annotated[list[_Ints], Field(fail_fast=True)]
+_Dicts = Annotated[list[dict[str, Any]], Field(fail_fast=True)]
+
 __all__ = ["MAX_STOP_STRINGS", "ChatCompletionRequest", "CompletionRequest",
            "DetokenizeRequest", "JsonSchema", "ResponseFormat", "StreamOptions",
            "TokenizeRequest"]
@@ -86,8 +94,9 @@ class _Sampling(_Body):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = Field(default=None, ge=_LONG_MIN, le=_LONG_MAX)
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS,
+                                           fail_fast=True)] | None = None
+    stop_token_ids: _Ints | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -101,11 +110,11 @@ class _Sampling(_Body):
     #: vLLM's extension: the fields of its StructuredOutputsParams (checked on entering).
     structured_outputs: dict[str, Any] | None = None
     logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: _Ints | None = None
     prompt_logprobs: int | None = Field(default=None, ge=-1)
     return_tokens_as_token_ids: bool | None = None
     #: Words never generated (the text layer turns them into vLLM's token sequences).
-    bad_words: list[str] = Field(default_factory=list)
+    bad_words: _Strs = Field(default_factory=list)
     #: Keep only that many prompt tokens (-1: the context less one), cut on
     #: ``truncation_side`` ("left" keeps the last ones, "right" the first ones).
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
@@ -124,7 +133,7 @@ class CompletionRequest(_Sampling):
     model_config = ConfigDict(extra="allow")
     _NULL_IS_DEFAULT = frozenset({"stream", "echo"})
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | _Ints | _Strs | _IntLists
     #: At least 1; 0 only with ``echo``: vLLM's prompt-only echo (requests.completion_choices).
     max_tokens: int | None = Field(default=16, ge=0)
     #: -1 (vLLM's "every token") passes the model to be refused by name (:mod:`.fields`).
@@ -140,7 +149,7 @@ class ChatCompletionRequest(_Sampling):
     _NULL_IS_DEFAULT = frozenset({"stream", "n", "logprobs", "top_logprobs"})
 
     #: Not empty: checked in :mod:`.requests` (param null, as vLLM's template refusal).
-    messages: list[dict[str, Any]]
+    messages: _Dicts
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -152,7 +161,7 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool = False
     #: Encode the rendered prompt with the tokenizer's special tokens too (vLLM: False).
     add_special_tokens: bool = False
-    documents: list[dict[str, str]] | None = None
+    documents: Annotated[list[dict[str, str]], Field(fail_fast=True)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     #: vLLM's request template: refused unless the server trusts request templates.
     chat_template: str | None = None
@@ -173,7 +182,7 @@ class TokenizeRequest(_Body):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[dict[str, Any]] | None = None
+    messages: _Dicts | None = None
     #: None: vLLM's default, True for a prompt and False for messages.
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
@@ -191,7 +200,7 @@ class DetokenizeRequest(_Body):
     """``POST /detokenize``: token ids back to text."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: _Ints
 
 
 #: The ``object`` of a streamed chunk, by route.

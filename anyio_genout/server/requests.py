@@ -185,8 +185,8 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> list[Prom
         return [(prompt, None)]
     if not prompt:
         raise ApiError(400, "invalid request: prompt: must not be empty", "prompt")
-    if all(isinstance(t, int) for t in prompt):
-        return [(None, [t for t in prompt if isinstance(t, int)])]
+    if type(prompt[0]) is int:  # the model's union: all token ids, or none
+        return [(None, list(prompt))]
     found: list[Prompt] = []
     for i, one in enumerate(prompt):
         if isinstance(one, str):
@@ -205,12 +205,13 @@ def check_n(n: int, max_n: int) -> None:
         raise ApiError(400, f"invalid request: n: must be at most {max_n}, got {n}", "n")
 
 
-def check_max_tokens(max_tokens: int | None, field: str, max_model_len: int) -> None:
-    """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``:
-    the refusal of the one rule (:func:`~anyio_genout.protocol.validation.check_max_tokens`)
-    in vLLM's bare words (a prompt plus max_tokens beyond the context ends at the context)."""
+def check_max_tokens(max_tokens: int | None, field: str, max_model_len: int | None) -> None:
+    """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``
+    (None: not checked), the refusal of :func:`.validation.check_max_tokens` in vLLM's words
+    (a prompt plus max_tokens beyond the context ends at the context)."""
     try:
-        validation.check_max_tokens(max_tokens, max_model_len, field)
+        if max_model_len is not None:
+            validation.check_max_tokens(max_tokens, max_model_len, field)
     except InvalidRequestError as exc:
         raise ApiError(400, exc.message, exc.field) from None
 
@@ -285,18 +286,19 @@ def completion_choices(body: CompletionRequest, *, max_n: int, max_model_len: in
     engine for the prompt's logprobs (``prompt_logprobs``), as vLLM's do.
 
     Raises ApiError (400) naming the field: ``n``, ``prompt`` (empty, or more than
-    ``max_n`` choices), ``prompt[i]``, ``max_tokens``, ...
+    ``max_n`` choices: counted first), ``prompt[i]``, ``max_tokens``, ...
     """
-    check_unicode(body.prompt, "prompt")
-    _check_body(body, chat=False)
     check_n(body.n, max_n)
-    if max_model_len is not None:
-        check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
-    prompts = _prompts(body.prompt)
-    if len(prompts) * body.n > max_n:
-        raise ApiError(400, f"invalid request: prompt: {len(prompts)} prompts with n={body.n} "
-                       f"are {len(prompts) * body.n} choices; at most {max_n} (the server's "
+    given = body.prompt  # several prompts: a list whose items are not token ids
+    count = len(given) if given and type(given) is list and type(given[0]) is not int else 1
+    if count * body.n > max_n:
+        raise ApiError(400, f"invalid request: prompt: {count} prompts with n={body.n} "
+                       f"are {count * body.n} choices; at most {max_n} (the server's "
                        "max_n) per request", "prompt")
+    check_unicode(given, "prompt")
+    _check_body(body, chat=False)
+    check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
+    prompts = _prompts(given)
     prompt_only = echo_without_generation(body.echo, body.max_tokens)
     request_id = _request_id("cmpl", body)
     params = _sampling(body, 1 if prompt_only else body.max_tokens, body.logprobs)
@@ -340,9 +342,8 @@ def chat_choices(body: ChatCompletionRequest, *, max_n: int, max_model_len: int 
     """
     _check_body(body, chat=True)
     check_n(body.n, max_n)
-    if max_model_len is not None:
-        check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
-        check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
+    check_max_tokens(body.max_completion_tokens, "max_completion_tokens", max_model_len)
+    check_max_tokens(body.max_tokens, "max_tokens", max_model_len)
     request, plan = _chat_request(body, trust_request_chat_template,
                                   tool_serving or ToolServing())
     constraint = _constraint(body)
