@@ -207,8 +207,7 @@ def check_n(n: int, max_n: int) -> None:
 
 def check_max_tokens(max_tokens: int | None, field: str, max_model_len: int | None) -> None:
     """Raise ApiError (400 naming ``field``) for a ``max_tokens`` above ``max_model_len``
-    (None: not checked), the refusal of :func:`.validation.check_max_tokens` in vLLM's words
-    (a prompt plus max_tokens beyond the context ends at the context)."""
+    (None: not checked): :func:`.validation.check_max_tokens`'s refusal in vLLM's words."""
     try:
         if max_model_len is not None:
             validation.check_max_tokens(max_tokens, max_model_len, field)
