@@ -59,6 +59,7 @@ from .metrics import Metrics
 from .protocol import EngineCoreRequest, LoRARequest, SamplingParams, StructuredOutputsParams
 from .text import (
     CollectedTextOutput,
+    LogprobRows,
     TextClient,
     TextOutput,
     TextRequest,
@@ -70,6 +71,7 @@ from .text import (
 
 __all__ = [
     "CollectedTextOutput",
+    "LogprobRows",
     "TextClient",
     "TextOutput",
     "TextRequest",

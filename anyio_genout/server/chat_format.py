@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..parsers import ReasoningTokenCounter
-from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
+from ..text.output import CollectedTextOutput, LogprobRows, Rows, TextOutput, TokenLogprob
 from .formats import Format, prompt_logprobs_json
 from .tools import ChatParsing, ChatStream, tool_call_json, tool_delta_json
 
@@ -61,9 +61,22 @@ class ChatFormat(Format):
         token = self.token(entry)
         return {"token": token, "logprob": entry.logprob, "bytes": list(token.encode("utf-8"))}
 
-    def _logprobs(self, rows: list[list[TokenLogprob]] | None) -> dict[str, Any] | None:
+    def _logprobs(self, rows: Rows | None) -> dict[str, Any] | None:
         if self.top is None or rows is None:
             return None
+        if type(rows) is LogprobRows:  # from its flat lists: no entry objects made
+            width, cols = rows.width, min(self.top + 1, rows.width)
+            shown = [f"token_id:{i}" for i in rows.token_ids] if self.token_ids \
+                else rows.tokens
+            content = []
+            for base in range(0, len(shown), width or 1):
+                entries = [{"token": token, "logprob": value,
+                            "bytes": list(token.encode("utf-8"))}
+                           for token, value in zip(shown[base:base + cols],
+                                                   rows.logprobs[base:base + cols],
+                                                   strict=True)]
+                content.append({**entries[0], "top_logprobs": entries[1:]})
+            return {"content": content}
         return {"content": [{**self._entry(row[0]),
                              "top_logprobs": [self._entry(e) for e in row[1: self.top + 1]]}
                             for row in rows]}

@@ -11,7 +11,7 @@ from typing import Any, Final
 from ..errors import GenoutError, RequestFailedError
 from ..generate import FinishReason, FinishReasonKind
 from ..parsers import ReasoningTokenCounter
-from ..text.output import CollectedTextOutput, TextOutput, TokenLogprob
+from ..text.output import CollectedTextOutput, LogprobRows, Rows, TextOutput, TokenLogprob
 from .errors import ApiError, error_for
 from .json_encoding import dumps, dumps_text, sse_event
 
@@ -208,11 +208,6 @@ class Format:
         return body
 
 
-#: A logprob row of a completion; a string for the prompt's first token (echo with
-#: logprobs): its text, which has no logprob.
-_Row = list[TokenLogprob] | str
-
-
 class CompletionFormat(Format):
     """``/v1/completions`` responses. With ``echo`` each choice's text (its first chunk when
     streamed, as vLLM sends it) begins with its prompt (``decode`` gives the text of a
@@ -237,35 +232,53 @@ class CompletionFormat(Format):
         self._echoed: set[int] = set()  # the streamed choices whose prompt was sent
         self._decode = decode
 
-    def _logprobs(self, rows: Sequence[_Row] | None, index: int) -> dict[str, Any] | None:
-        if self.top is None or rows is None:
+    def _logprobs(self, parts: Sequence[Rows | str] | None,
+                  index: int) -> dict[str, Any] | None:
+        """``parts``: runs of logprob rows, and the text of the prompt's first token (which
+        has no logprob) where it is echoed (see _echo_rows)."""
+        if self.top is None or parts is None:
             return None
         offsets: list[int] = []
         tokens: list[str] = []
         values: list[float | None] = []
         tops: list[dict[str, float] | None] = []
         offset = self._offsets.get(index, 0)
-        for row in rows:
-            if isinstance(row, str):  # the prompt's first token (see _echo_rows)
+        for part in parts:
+            if isinstance(part, str):
                 offsets.append(offset)
-                offset += len(row)
-                tokens.append(row)
+                offset += len(part)
+                tokens.append(part)
                 values.append(None)
                 tops.append(None)
                 continue
-            sampled = row[0]
-            offsets.append(offset)
-            offset += len(sampled.token)
-            tokens.append(self.token(sampled))
-            values.append(max(sampled.logprob, -9999.0))  # -inf as vLLM shows it
-            # logprobs=0 shows the sampled token's entry alone, as vLLM's does.
-            tops.append({self.token(e): max(e.logprob, -9999.0) for e in row[: self.top + 1]})
+            if type(part) is LogprobRows:  # from its flat lists: no entry objects made
+                texts = part.tokens
+                shown = [f"token_id:{i}" for i in part.token_ids] if self.token_ids else texts
+                clamped = [_clamp(value) for value in part.logprobs]
+                width = part.width
+                # logprobs=0 shows the sampled token's entry alone, as vLLM's does.
+                cols = min(self.top + 1, width)
+                for base in range(0, len(texts), width or 1):
+                    offsets.append(offset)
+                    offset += len(texts[base])
+                    tokens.append(shown[base])
+                    values.append(clamped[base])
+                    tops.append(dict(zip(shown[base:base + cols], clamped[base:base + cols],
+                                         strict=True)))
+                continue
+            for row in part:
+                sampled = row[0]
+                offsets.append(offset)
+                offset += len(sampled.token)
+                tokens.append(self.token(sampled))
+                values.append(_clamp(sampled.logprob))
+                tops.append({self.token(e): _clamp(e.logprob) for e in row[: self.top + 1]})
         self._offsets[index] = offset
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
                 "top_logprobs": tops}
 
     def _echo_rows(self, prompt_ids: Sequence[int] | None,
-                   rows: list[list[TokenLogprob]] | None) -> list[_Row]:
+                   rows: Rows | None) -> list[Rows | str]:
         """The prompt's logprob rows, its first token's text first."""
         ids = prompt_ids or ()
         found = len(rows or ())
@@ -275,7 +288,7 @@ class CompletionFormat(Format):
                 "tokens (echo with logprobs needs all but the first)")
         if not ids:
             return []
-        return [self._text_of(ids[:1]), *(rows or ())]
+        return [self._text_of(ids[:1]), rows or ()]
 
     def _text_of(self, ids: Sequence[int]) -> str:
         if self._decode is None:
@@ -285,15 +298,15 @@ class CompletionFormat(Format):
     def _prompt_text(self, prompt: str | None, ids: Sequence[int] | None) -> str:
         return prompt if prompt is not None else self._text_of(ids or ())
 
-    def _choice(self, text: str, rows: Sequence[_Row] | None,
+    def _choice(self, text: str, rows: Sequence[Rows | str] | None,
                 reason: FinishReason | None, index: int) -> dict[str, Any]:
         finish, stop = self._finish(reason)
         return {"index": index, "text": text, "logprobs": self._logprobs(rows, index),
                 "finish_reason": finish, "stop_reason": stop}
 
-    def _with_prompt(self, text: str, rows: list[list[TokenLogprob]] | None,
-                     prompt: str | None, prompt_ids: Sequence[int] | None,
-                     prompt_rows: list[list[TokenLogprob]] | None) -> tuple[str, list[_Row] | None]:
+    def _with_prompt(self, text: str, rows: Rows | None, prompt: str | None,
+                     prompt_ids: Sequence[int] | None,
+                     prompt_rows: Rows | None) -> tuple[str, list[Rows | str] | None]:
         """A choice's text and logprob rows with its prompt in front (echo); the prompt's
         alone with ``prompt_only``."""
         if self._prompt_only:
@@ -301,7 +314,7 @@ class CompletionFormat(Format):
         text = self._prompt_text(prompt, prompt_ids) + text
         if self.top is None:
             return text, None
-        return text, [*self._echo_rows(prompt_ids, prompt_rows), *(rows or ())]
+        return text, [*self._echo_rows(prompt_ids, prompt_rows), rows or ()]
 
     def _plain(self, index: int) -> bool:
         return not self._echo or (index in self._echoed and not self._prompt_only)
@@ -323,12 +336,12 @@ class CompletionFormat(Format):
             out = TextOutput(out.request_id, "", [], None, out.finish_reason)
         if not out.text and not out.finished and not (out.logprobs and self.top is not None):
             return None
-        return self.envelope(self.object_chunk,
-                             [self._choice(out.text, out.logprobs, out.finish_reason, index)])
+        return self.envelope(self.object_chunk, [self._choice(
+            out.text, _parts(out.logprobs), out.finish_reason, index)])
 
     def whole_choice(self, out: CollectedTextOutput, index: int) -> dict[str, Any]:
         text: str = out.text
-        rows: Sequence[_Row] | None = out.logprobs
+        rows = _parts(out.logprobs)
         prompt_logprobs = None
         if self._echo:
             text, rows = self._with_prompt(out.text, out.logprobs, out.prompt,
@@ -340,9 +353,24 @@ class CompletionFormat(Format):
         return choice
 
 
-def prompt_logprobs_json(rows: list[list[TokenLogprob]] | None) -> list[Any]:
+def prompt_logprobs_json(rows: Rows | None) -> list[Any]:
     """vLLM's ``prompt_logprobs`` of a choice: None for the first prompt token, then per
     token id its logprob, rank and text."""
-    return [None, *({str(e.token_id): {"logprob": max(e.logprob, -9999.0), "rank": e.rank,
+    if type(rows) is LogprobRows:  # from its flat lists: no entry objects made
+        ids, values, texts, width = rows.token_ids, rows.logprobs, rows.tokens, rows.width
+        return [None, *({str(ids[base + col]): {
+            "logprob": _clamp(values[base + col]), "rank": rank if col == 0 else col,
+            "decoded_token": texts[base + col]} for col in range(width)}
+            for base, rank in zip(range(0, len(ids), width or 1), rows.ranks, strict=True))]
+    return [None, *({str(e.token_id): {"logprob": _clamp(e.logprob), "rank": e.rank,
                                        "decoded_token": e.token} for e in row}
                     for row in rows or ())]
+
+
+def _clamp(logprob: float) -> float:
+    """A logprob as vLLM shows it: -inf (and below -9999) as -9999.0."""
+    return max(logprob, -9999.0)
+
+
+def _parts(rows: Rows | None) -> list[Rows | str] | None:
+    return None if rows is None else [rows]

@@ -14,13 +14,14 @@ with the package (what the command line's embedded mock engine writes in). See d
 from .bundled import bundled_corpus, bundled_model_dir, bundled_tokenizer
 from .client import TextClient
 from .decoding import TextDecoder, TextStep
-from .output import CollectedTextOutput, TextOutput, TokenLogprob, collect_text
+from .output import CollectedTextOutput, LogprobRows, TextOutput, TokenLogprob, collect_text
 from .request import TextRequest
 from .stream import TextStream
 from .tokenizer import Tokenizer
 
 __all__ = [
     "CollectedTextOutput",
+    "LogprobRows",
     "TextClient",
     "TextDecoder",
     "TextOutput",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..protocol import Logprobs
-from .output import TokenLogprob
+from .output import LogprobRows
 from .tokenizer import Tokenizer
 
 __all__ = ["LogprobsDecoder", "prompt_logprob_rows"]
@@ -27,7 +27,7 @@ _REPLACEMENT: Final = "\ufffd"
 
 
 class LogprobsDecoder:
-    """One request's sample logprobs as :class:`TokenLogprob` lists (it keeps the context).
+    """One request's sample logprobs as :class:`.LogprobRows` (it keeps the context).
 
     With ``detokenize=False`` the token strings are ``""`` (vLLM gives None there).
     """
@@ -39,11 +39,11 @@ class LogprobsDecoder:
         self._detokenize = detokenize
         self._recent: list[int] = []
 
-    def decode(self, logprobs: Logprobs, keep: int) -> list[list[TokenLogprob]]:
+    def decode(self, logprobs: Logprobs, keep: int) -> LogprobRows:
         """Per kept position (the first ``keep``): the sampled token, then the top ones."""
         ids = logprobs.token_ids[:keep]
         if ids.ndim != 2 or not ids.shape[0]:
-            return []
+            return LogprobRows(0, [], [], [], [])
         rows, cols = ids.shape
         flat: list[int] = ids.ravel().tolist()
         values: list[float] = logprobs.logprobs[:keep].ravel().tolist()
@@ -51,32 +51,27 @@ class LogprobsDecoder:
         strings = (self._tokenizer.token_strings(flat) if self._detokenize
                    else [""] * len(flat))
         recent = self._recent
-        result = []
         for row in range(rows):
             base = row * cols
-            row_ids = flat[base:base + cols]
-            row_strings = strings[base:base + cols]
-            if self._detokenize and any(s.endswith(_REPLACEMENT) for s in row_strings):
-                row_strings = self._tokenizer.token_strings(row_ids,
-                                                            context=recent[-_CONTEXT:])
-            result.append([TokenLogprob(row_ids[col], values[base + col],
-                                        ranks[row] if col == 0 else col, row_strings[col])
-                           for col in range(cols)])
-            recent.append(row_ids[0])
+            if self._detokenize and any(s.endswith(_REPLACEMENT)
+                                        for s in strings[base:base + cols]):
+                strings[base:base + cols] = self._tokenizer.token_strings(
+                    flat[base:base + cols], context=recent[-_CONTEXT:])
+            recent.append(flat[base])
         if len(recent) > _CONTEXT:
             del recent[:-_CONTEXT]
-        return result
+        return LogprobRows(cols, flat, values, ranks, strings)
 
 
 def prompt_logprob_rows(tokenizer: Tokenizer, logprobs: Logprobs, *,
-                        detokenize: bool = True) -> list[list[TokenLogprob]]:
+                        detokenize: bool = True) -> LogprobRows:
     """Prompt logprobs (one row per prompt position but the first: the prompt's token, then
-    the top ones) as :class:`TokenLogprob` lists, each id decoded as vLLM decodes prompt
+    the top ones) as :class:`.LogprobRows`, each id decoded as vLLM decodes prompt
     logprobs: alone, and a string ending in U+FFFD again in the context of the prompt
     tokens of the up to 4 rows before (``""`` if it completes no character with them)."""
     ids = logprobs.token_ids
     if ids.ndim != 2 or not ids.shape[0]:
-        return []
+        return LogprobRows(0, [], [], [], [])
     rows, cols = ids.shape
     flat: list[int] = ids.ravel().tolist()
     values: list[float] = logprobs.logprobs.ravel().tolist()
@@ -89,6 +84,4 @@ def prompt_logprob_rows(tokenizer: Tokenizer, logprobs: Logprobs, *,
                 context = flat[max(row - _CONTEXT, 0) * cols:base:cols]  # the rows' first ids
                 strings[base:base + cols] = tokenizer.token_strings(flat[base:base + cols],
                                                                     context=context)
-    return [[TokenLogprob(flat[row * cols + col], values[row * cols + col],
-                          ranks[row] if col == 0 else col, strings[row * cols + col])
-             for col in range(cols)] for row in range(rows)]
+    return LogprobRows(cols, flat, values, ranks, strings)

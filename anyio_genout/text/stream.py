@@ -39,7 +39,7 @@ from .bad_words import bad_words_token_ids
 from .decoding import TextDecoder, TextStep
 from .logprobs import LogprobsDecoder, prompt_logprob_rows
 from .offload import Offload, encode_request
-from .output import CollectedTextOutput, TextOutput, TokenLogprob, collect_text
+from .output import CollectedTextOutput, Rows, TextOutput, collect_text
 from .request import TextRequest, check_text_request
 from .tokenizer import Tokenizer
 
@@ -124,7 +124,7 @@ class TextStream:
         # The first output, taken while its long prompt logprobs were decoded in a worker
         # thread and the wait was cancelled (returned next), and those rows once decoded.
         self._first: GenerateOutput | None = None
-        self._prompt_rows: list[list[TokenLogprob]] | None = None
+        self._prompt_rows: Rows | None = None
         self._done = False
 
     # ------------------------------------------------------------------ scope
