@@ -36,10 +36,9 @@ class LogprobRows(Sequence[list[TokenLogprob]]):
     top ones), as four flat lists of plain values rather than an object per entry. A row is
     made (a list of :class:`TokenLogprob`) as it is read.
 
-    A whole response of 16 choices of 12,000 tokens with 20 logprobs each holds 4 million
-    entries: as objects, each of the collector's full passes walked them all, and the event
-    loop stopped for up to 3.5 s at a time while they were gathered. Plain ints, floats and
-    strings in a list are not tracked by the collector.
+    A whole response of 16 choices of 4,000 tokens with 20 logprobs each holds 1.3 million
+    entries: as objects, each of the collector's full passes walked them all while the
+    event loop waited. Plain ints, floats and strings in a list are not tracked by it.
 
     ``token_ids``, ``logprobs`` and ``tokens`` are row after row (``width`` items each);
     ``ranks`` the rank of each row's token (the top ones' rank is their place, 1 first).

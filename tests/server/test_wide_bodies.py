@@ -21,8 +21,12 @@ from anyio_genout.errors import InvalidRequestError
 from anyio_genout.protocol.validation import check_unicode
 from anyio_genout.server import requests, serving
 from anyio_genout.server.errors import ApiError
-from anyio_genout.server.models import (ChatCompletionRequest, CompletionRequest,
-                                        DetokenizeRequest, TokenizeRequest)
+from anyio_genout.server.models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from tests.server.support import served
 
 pytestmark = pytest.mark.anyio
