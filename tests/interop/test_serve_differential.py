@@ -33,6 +33,8 @@ import anyio
 import httpx
 import pytest
 
+from tests.support import sse_lines
+
 from .conftest import RealVllm
 from .test_metrics_differential import MODEL, ours, vllm_serve
 from .test_text_real import text_model
@@ -242,7 +244,7 @@ async def _ask(http: httpx.AsyncClient, base: str, route: str, body: dict[str, A
         if reply.status_code != 200:
             return {"status": reply.status_code,
                     "error": _error(json.loads(await reply.aread()))}
-        async for line in reply.aiter_lines():
+        async for line in sse_lines(reply):
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append(json.loads(line[len("data: "):]))
     return assembled(events)

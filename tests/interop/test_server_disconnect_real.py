@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.server.support import open_sse
+from tests.support import sse_lines
 
 from .conftest import INTEROP_TIMEOUT, unique_id
 from .test_server_real import MODEL, _idle, base_url
@@ -83,7 +84,7 @@ async def test_completions_before_the_disconnects(base_url: str, text: Served) -
         assert whole.json()["choices"][0]["finish_reason"] == "length"
         async with http.stream("POST", "/v1/completions", json={**body, "stream": True}
                                ) as streamed:
-            events = [line async for line in streamed.aiter_lines() if line]
+            events = [line async for line in sse_lines(streamed) if line]
     assert events[-1] == "data: [DONE]", events
     # Tokens that arrived together come as one event; the text is the whole one's.
     chunks = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]

@@ -41,6 +41,7 @@ from anyio_genout.text import Tokenizer
 from anyio_genout.vllm import VllmEngines, spawn_vllm_engines
 from tests.cli.support import Output, cli_process, running
 from tests.server.support import open_sse
+from tests.support import sse_lines
 
 from .conftest import GREEDY_16, INTEROP_TIMEOUT, RealVllm, free_port
 from .conftest import PROMPT as PROMPT_IDS
@@ -190,7 +191,7 @@ async def test_both_workers_stream_from_the_one_engine_at_the_same_time(
                            stream_options={"include_usage": True})
         async with client.stream("POST", "/v1/completions", json=body) as response:
             assert _on(cluster, pid, response).status_code == 200
-            events = [line.removeprefix("data: ") async for line in response.aiter_lines()
+            events = [line.removeprefix("data: ") async for line in sse_lines(response)
                       if line.startswith("data: ")]
         assert events[-1] == "[DONE]", events[-3:]
         usage.append(json.loads(events[-2])["usage"])

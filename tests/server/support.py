@@ -266,4 +266,3 @@ async def served(*, api_key: str | None = None, app_options: dict[str, Any] | No
         async with serving(app) as base:
             yield Served(setup, base)
 
-

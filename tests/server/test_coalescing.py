@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.server.support import MODEL, served
+from tests.support import sse_lines
 from tests.text.client_support import PROMPT
 
 pytestmark = pytest.mark.anyio
@@ -24,7 +25,7 @@ async def test_tokens_that_arrived_together_are_one_event_with_the_same_text() -
         events = []
         async with http.stream("POST", f"{s.v1}/completions", json={
                 **body, "stream": True, "stream_options": {"include_usage": True}}) as r:
-            async for line in r.aiter_lines():
+            async for line in sse_lines(r):
                 if line.startswith("data: ") and line != "data: [DONE]":
                     events.append(json.loads(line[6:]))
     chunks = [e["choices"][0] for e in events if e["choices"]]

@@ -14,6 +14,7 @@ import pytest
 
 from tests.cli.support import cli
 from tests.server.support import serve_process
+from tests.support import sse_lines_sync
 
 #: (--backend, --http-server or None for the default), every combination that runs.
 COMBINATIONS = [("asyncio", None), ("asyncio", "hypercorn"), ("trio", None)]
@@ -119,7 +120,7 @@ def test_hostile_connections_are_bounded_and_serving_goes_on(
                 "stream": True}
         with httpx.stream("POST", f"{server.base}/v1/completions", json=body,
                           timeout=30) as streamed:
-            events = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+            events = [line for line in sse_lines_sync(streamed) if line.startswith("data: ")]
     assert trickled < 3 and idle < 3 and after_answer < 3, (trickled, idle, after_answer)
     assert all(after < 3 for after in after_completions), after_completions
     assert events[-1] == "data: [DONE]"

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.server.support import MODEL, served
+from tests.support import sse_lines
 from tests.text.client_support import PROMPT, tokenizer
 
 # Each bounds how long the event loop may be held: no full collection of the earlier
@@ -37,7 +38,7 @@ class _Gaps:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "stream": True}
         async with http.stream("POST", "/v1/completions", json=body) as answer:
             last = time.perf_counter()
-            async for line in answer.aiter_lines():
+            async for line in sse_lines(answer):
                 if not line.startswith("data: "):
                     continue
                 now = time.perf_counter()

@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,7 +33,7 @@ from anyio_genout.cli.serve_lifecycle import DRAIN_SLACK
 from anyio_genout.protocol import AddRequest
 from anyio_genout.text import bundled_model_dir
 from tests.cli.support import CLI, engine_for, free_port
-from tests.support import wait_until
+from tests.support import sse_lines, wait_until
 
 BACKENDS = pytest.mark.parametrize("backend", ["asyncio", "trio"])
 #: Each (backend, workers) pair once across the two scenarios that take both (each child
@@ -256,20 +256,6 @@ def anyio_backend() -> str:
     return "asyncio"  # the server is a child process; the test's own loop does not matter
 
 
-async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
-    """The SSE stream's lines, split where SSE splits them: at LF (a CR before it dropped).
-    Not ``aiter_lines``: it splits as ``str.splitlines`` does, at U+0085, U+2028 and U+2029
-    too, which the JSON of a token's text carries as they are (vLLM's too), so a random
-    token decoding to one cut its event's line in two."""
-    rest = ""
-    async for text in response.aiter_text():
-        *lines, rest = (rest + text).split("\n")
-        for line in lines:
-            yield line.removesuffix("\r")
-    if rest:
-        yield rest
-
-
 async def _stream(http: httpx.AsyncClient, url: str, rid: str, tokens: int,
                   results: dict[str, dict[str, Any]], started: anyio.Event) -> None:
     body = {"model": "m", "prompt": "Once upon a time", "max_tokens": tokens, "stream": True,
@@ -278,7 +264,7 @@ async def _stream(http: httpx.AsyncClient, url: str, rid: str, tokens: int,
     done = False
     async with http.stream("POST", url, json=body) as response:
         assert response.status_code == 200
-        async for line in _sse_lines(response):
+        async for line in sse_lines(response):
             if not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":

@@ -15,6 +15,7 @@ import pytest
 
 from tests.cli.support import cli
 from tests.server.support import MODEL, OPENAI_STREAM_GC, Served, serve_process, served
+from tests.support import sse_lines_sync
 from tests.text.client_support import PROMPT
 
 USAGE: Any = {"include_usage": True, "continuous_usage_stats": True}
@@ -96,7 +97,7 @@ def test_the_flag_holds_every_stream_to_it(backend: str) -> None:
                 "stream_options": USAGE}
         with httpx.stream("POST", f"{server.base}/v1/completions", json=body,
                           timeout=30) as reply:
-            lines = [line for line in reply.iter_lines() if line.startswith("data: {")]
+            lines = [line for line in sse_lines_sync(reply) if line.startswith("data: {")]
     chunks = [json.loads(line[6:]) for line in lines]
     counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
     # (the embedded engine steps fast: the first delivery may take what a step or two made)

@@ -18,6 +18,7 @@ from anyio_genout.server.fingerprint import system_fingerprint
 from anyio_genout.text.client import TextClient
 from tests.cli.support import cli, read_results, write_lines
 from tests.cluster import generate_client
+from tests.support import sse_lines
 from tests.text.client_support import corpus, text_client, tokenizer
 
 from .support import MODEL, serve_process, served
@@ -47,7 +48,7 @@ async def streamed(base: str, path: str, body: dict[str, Any]) -> list[dict[str,
     async with httpx.AsyncClient(timeout=30) as http, \
             http.stream("POST", f"{base}{path}", json={**body, "stream": True}) as answer:
         assert answer.status_code == 200
-        lines = [line async for line in answer.aiter_lines() if line.startswith("data: ")]
+        lines = [line async for line in sse_lines(answer) if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]", lines
     return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
 

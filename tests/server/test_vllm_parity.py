@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.server.support import MODEL, Served, served
+from tests.support import sse_lines
 from tests.text.client_support import PROMPT, added, tokenizer
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +39,7 @@ async def _events(s: Served, path: str, body: dict[str, Any]) -> list[dict[str, 
             "POST", path, json={"model": MODEL, "max_tokens": 3, **body,
                                 "stream": True}) as reply:
         assert reply.status_code == 200, await reply.aread()
-        return [json.loads(line[len("data: "):]) async for line in reply.aiter_lines()
+        return [json.loads(line[len("data: "):]) async for line in sse_lines(reply)
                 if line.startswith("data: ") and line != "data: [DONE]"]
 
 
@@ -72,7 +73,7 @@ async def test_the_role_chunk_comes_with_the_first_output_as_vllm_sends_it() -> 
         async def read() -> None:
             async with http.stream("POST", "/chat/completions", json=body) as reply:
                 assert reply.status_code == 200
-                async for line in reply.aiter_lines():
+                async for line in sse_lines(reply):
                     if line:
                         lines.append(line)  # as each arrives
 
