@@ -52,13 +52,15 @@ def test_flat_rows_render_as_their_lists_do(rows: LogprobRows, prompt_rows: Logp
     def completions(r: LogprobRows | list, p: LogprobRows | list) -> tuple[bytes, bytes]:
         fmt = CompletionFormat("id", "m", top, echo=echo, n=1, decode=lambda ids: "P",
                                prompt_logprobs=True, token_ids=token_ids)
-        whole = dumps(fmt.whole([_whole(r, p)]))
         streamed = CompletionFormat("id", "m", top, n=1, token_ids=token_ids)
+        fmt.created = streamed.created = 0  # the same second for both renderings
+        whole = dumps(fmt.whole([_whole(r, p)]))
         chunk = streamed.chunk(TextOutput("r", "x", list(range(len(r))), r), 0)
         return whole, dumps(chunk)
 
     def chat(r: LogprobRows | list) -> bytes:
         fmt = ChatFormat("id", "m", top, token_ids=token_ids)
+        fmt.created = 0
         return dumps(fmt.whole([_whole(r, [])]))
 
     assert completions(rows, prompt_rows) == completions(as_lists, prompt_lists)
