@@ -1,6 +1,6 @@
 """The reader's pace while consumers leave: one message a loop pass, not a batch.
 
-The reader hands over up to ``MAX_READ_BATCH`` (16) messages before it yields, which keeps
+The reader hands over ``READ_BATCH`` (16) messages or more before it yields, which keeps
 the consumers' wake-ups few while outputs flow. But when scopes are being cancelled, every
 step of a consumer's way out (its yield past the deadline, the cancellation's delivery,
 its exit) waits for a loop pass, and each pass also runs the reader's batch: with 256

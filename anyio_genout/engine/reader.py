@@ -1,6 +1,7 @@
 """The engine reader: the one task that waits on the output socket, and its dispatch.
 
-It drains every queued message (``MAX_READ_BATCH`` a pass), decodes it with the protocol
+It drains every queued message (passes of ``READ_BATCH`` messages, more while a pass is
+shorter than ``READ_PASS``), decodes it with the protocol
 core, and hands each part over without ever waiting: a request's output to its mailbox
 (the consumer drains it at its own pace), a utility reply to its caller, scheduler
 statistics to the listeners, data-parallel wave control to ``wave_control`` (if the client
@@ -43,16 +44,22 @@ from .reports import HealthReports
 from .utility_calls import PendingCalls
 from .watchers import EngineWatch
 
-__all__ = ["MAX_READ_BATCH", "BatchListener", "DeathExplainer", "OutputReader",
+__all__ = ["READ_BATCH", "READ_PASS", "BatchListener", "DeathExplainer", "OutputReader",
            "StatsListener"]
 
 logger = logging.getLogger("anyio_genout.engine")
 
-#: Messages handled per reader pass before yielding to other tasks. Each pass ends with the
-#: consumers draining what it buffered; a longer pass wakes them less often but keeps more
-#: outputs alive at once, which costs more in garbage-collector passes (16 measured best).
-#: While consumers leave, one (engine/pace.py).
-MAX_READ_BATCH: Final = 16
+#: Messages a reader pass handles before it yields to other tasks, at the least. Each pass
+#: ends with the consumers draining what it buffered; a longer pass wakes them less often
+#: but keeps more outputs alive at once, which costs more in garbage-collector passes (16
+#: measured best for messages of 64-256 rows). While consumers leave, one (engine/pace.py).
+READ_BATCH: Final = 16
+#: Seconds a pass may go on past ``READ_BATCH`` messages while more are queued. Small
+#: messages come in long runs when the reader is behind (an engine that finishes requests
+#: faster than they are read sends a row or two a message): a pass of 16 of them took about
+#: 0.1 ms, so every few rows cost a loop pass and a wake-up per consumer. Big messages reach
+#: this after their 16, so the loop's pass stays as long as it was for them.
+READ_PASS: Final = 0.001
 #: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
 _BURST: Final = 2
 
@@ -101,10 +108,12 @@ class OutputReader:
             # Is a message queued? Outside a burst, ask ZMQ_EVENTS (1.2 us) before receiving:
             # a receive that finds nothing costs more (pyzmq raises zmq.Again inside, 2.7 us).
             # In a burst (two messages in a row) just receive, until one finds nothing.
-            count = 0
+            count = 0  # messages in this pass
+            start = 0.0  # when the pass began
             streak = 0
             while True:
                 if streak < _BURST and not sock.readable():
+                    count = 0
                     await sock.wait_signalled()
                     continue
                 frames = sock.receive_nowait()
@@ -112,11 +121,14 @@ class OutputReader:
                     streak = 0
                     continue
                 streak += 1
+                if not count:
+                    start = _clock()
                 self.dispatch(frames)
                 if self._stopped:
                     return
                 count += 1
-                if count == MAX_READ_BATCH or _clock() < pace.until:
+                now = _clock()
+                if now < pace.until or (count >= READ_BATCH and now - start >= READ_PASS):
                     count = 0
                     await anyio.lowlevel.checkpoint()
         except anyio.ClosedResourceError:
