@@ -347,9 +347,10 @@ async def serve_stream(generation: Generation,
                        send_chunk: Callable[[bytes], Awaitable[None]]) -> bytes:
     """Run an entered ``generation`` as an SSE stream: each rendered chunk goes to
     ``send_chunk`` (never two at once; the choices' chunks interleave by ``index`` as their
-    tokens arrive); returns the stream's last bytes (the usage chunk if asked for, and
-    ``data: [DONE]``), for the caller to send after every request is closed (closed here
-    first, so a client that has ``[DONE]`` finds the request in ``/metrics``).
+    tokens arrive); returns the stream's last bytes (a single choice's finish event, the
+    usage chunk if asked for, and ``data: [DONE]``), for the caller to send after every
+    request is closed (closed here first, so a client that has ``[DONE]`` finds the request
+    in ``/metrics``).
 
     An error of a request (an engine death, a finish reason ``error``) ends it: the other
     choices are closed and the last bytes are an error event and ``data: [DONE]``, so a
@@ -387,6 +388,11 @@ async def serve_stream(generation: Generation,
     first = b"".join(sse_event(chunk) for chunk in first_chunks)
 
     interval = plan.stream_interval
+    # A single choice's finish event goes out with the last bytes, in one write: the HTTP
+    # server writes each body message with its own send (Hypercorn: a Data event, its lock
+    # and a send_all), and a short request has only three or four of them.
+    single = len(streams) == 1
+    tail = b""
 
     async def relay(i: int, stream: TextStream) -> None:
         nonlocal completion, first
@@ -414,8 +420,9 @@ async def serve_stream(generation: Generation,
             await deliver(i, merge_outputs(held))
 
     async def deliver(i: int, out: TextOutput) -> None:
-        """Send choice ``i``'s ``out`` as its event (with its usage so far, if asked)."""
-        nonlocal completion
+        """Send choice ``i``'s ``out`` as its event (with its usage so far, if asked); a
+        single choice's finish event is kept for the last bytes."""
+        nonlocal completion, tail
         completion += len(out.token_ids)
         thought = None if counters is None else counters[i].feed(out.token_ids)
         now = None
@@ -429,16 +436,20 @@ async def serve_stream(generation: Generation,
             event = await text_client.run_in_worker(
                 functools.partial(fmt.event, out, i, usage=now, sliced=True))
         if event is not None:
-            await send(event)
+            if single and out.finish_reason is not None:
+                tail = event
+            else:
+                await send(event)
 
     try:
         await _each(streams, relay)
     except GenoutError as exc:
         await generation.aclose()
         error = fmt.api_error(exc)  # vLLM's param names
-        return sse_event(error_body(error.status, error.message, error.param)) + DONE
+        return tail + sse_event(error_body(error.status, error.message, error.param)) + DONE
     await generation.aclose()
     if not plan.include_usage:
-        return DONE
+        return tail + DONE
     thought = None if counters is None else sum(counter.count for counter in counters)
-    return sse_event(fmt.usage_chunk(fmt.prompt_tokens(prompts), completion, thought)) + DONE
+    return tail + sse_event(fmt.usage_chunk(fmt.prompt_tokens(prompts), completion, thought)
+                            ) + DONE
