@@ -1,13 +1,12 @@
 """The engine reader: the one task that waits on the output socket, and its dispatch.
 
 It drains every queued message (passes of ``READ_BATCH`` messages, more while a pass is
-shorter than ``READ_PASS``), decodes it with the protocol
-core, and hands each part over without ever waiting: a request's output to its mailbox
-(the consumer drains it at its own pace), a utility reply to its caller, scheduler
-statistics to the listeners, data-parallel wave control to ``wave_control`` (if the client
-follows waves). ``ENGINE_CORE_DEAD``, an undecodable message or other data-parallel
-control fails the client (reported to its :class:`~.reports.HealthReports`), whose failure
-path calls :meth:`OutputReader.stop`.
+shorter than ``READ_PASS``), decodes it with the protocol core, and hands each part over
+without ever waiting: a request's output to its mailbox (the consumer drains it at its own
+pace), a utility reply to its caller, scheduler statistics to the listeners, data-parallel
+wave control to ``wave_control`` (if the client follows waves). ``ENGINE_CORE_DEAD``, an
+undecodable message or other data-parallel control fails the client (reported to its
+:class:`~.reports.HealthReports`), whose failure path calls :meth:`OutputReader.stop`.
 """
 
 from __future__ import annotations

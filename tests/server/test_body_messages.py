@@ -55,6 +55,11 @@ async def _body_messages(body: dict[str, Any]) -> list[bytes]:
     return [m["body"] for m in sent[1:] if m["type"] == "http.response.body"]
 
 
+def _data(body: bytes) -> list[str]:
+    """The ``data:`` fields of the SSE events in ``body``, in order."""
+    return [line[6:] for line in body.decode().split("\n") if line.startswith("data: ")]
+
+
 @pytest.mark.parametrize("usage", [False, True])
 async def test_the_finish_event_and_done_are_one_body_message(usage: bool) -> None:
     body: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1,
@@ -64,8 +69,7 @@ async def test_the_finish_event_and_done_are_one_body_message(usage: bool) -> No
     messages = [m for m in await _body_messages(body) if m]
     # A one-token request: its one event (which is the finish) and [DONE] in one message.
     assert len(messages) == 1
-    events = [line[6:] for line in messages[0].decode().split("\n")
-              if line.startswith("data: ")]
+    events = _data(messages[0])
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["finish_reason"] == "length"
@@ -82,8 +86,8 @@ async def test_the_finish_event_of_a_longer_stream_comes_with_done_and_nothing_i
     last = messages[-1].decode()
     assert '"finish_reason":"length"' in last.replace(" ", "") and last.endswith(
         "data: [DONE]\n\n")
-    text = b"".join(messages).decode()
-    chunks = [json.loads(line[6:]) for line in text.split("\n")
-              if line.startswith("data: ") and line != "data: [DONE]"]
+    events = _data(b"".join(messages))
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
     assert sum(1 for c in chunks if c["choices"][0]["finish_reason"]) == 1
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
