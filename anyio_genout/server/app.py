@@ -21,6 +21,7 @@ from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
 from .fingerprint import FingerprintMode, check_fingerprint_options, system_fingerprint
 from .http_metrics import HttpMetrics, client_http_series
+from .json_route import JsonRoute
 from .limits import Limits, tolerant_send
 from .models import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .response import BODY_SEND, TextResponse
@@ -176,17 +177,19 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         return Response(generate_latest(client.metrics.registry),
                         media_type=CONTENT_TYPE_LATEST)
 
+    def generation(body: CompletionRequest | ChatCompletionRequest, scope: Scope) -> Response:
+        check_model(body.model)
+        _header_request_id(body, scope)
+        return TextResponse(text_client, serving.plan(body))
+
+    # FastAPI's routes answer what JsonRoute does not take (and give the OpenAPI schema)
     @api.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
-        check_model(body.model)
-        _header_request_id(body, raw)
-        return TextResponse(text_client, serving.plan(body))
+        return generation(body, raw.scope)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
-        check_model(body.model)
-        _header_request_id(body, raw)
-        return TextResponse(text_client, serving.plan(body))
+        return generation(body, raw.scope)
 
     @api.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
@@ -214,13 +217,17 @@ def create_app(text_client: TextClient, *, model_name: str, api_key: str | None 
         return JSONResponse({"prompt": text})
 
     app.include_router(api)
+    app.router.routes[:0] = [JsonRoute("/v1/completions", CompletionRequest, generation),
+                             JsonRoute("/v1/chat/completions", ChatCompletionRequest,
+                                       generation)]
     return app
 
 
-def _header_request_id(body: CompletionRequest | ChatCompletionRequest, raw: Request) -> None:
-    """An ``X-Request-Id`` header names the request in place of its ``request_id`` field,
-    as vLLM's ``_base_request_id`` has it (the response's id is ``cmpl-`` or ``chatcmpl-``
-    and this)."""
-    header = raw.headers.get("x-request-id")  # latin-1 decoded: no lone surrogates
-    if header is not None:
-        body.request_id = header
+def _header_request_id(body: CompletionRequest | ChatCompletionRequest, scope: Scope) -> None:
+    """An ``X-Request-Id`` header (the first) names the request in place of its
+    ``request_id`` field, as vLLM's ``_base_request_id`` has it (the response's id is
+    ``cmpl-`` or ``chatcmpl-`` and this)."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            body.request_id = value.decode("latin-1")  # no lone surrogates
+            return
