@@ -147,7 +147,9 @@ async def test_the_models_own_slow_template_leaves_the_loop_after_its_inline_try
             text, ids = await setup.text.encode(request)
             took = time.perf_counter() - start
         assert text == "hi" and ids == slow.encode("hi", add_special_tokens=False)
-        assert took > 0.1  # it did render the slow template, whole
+        # it did render the slow template, whole (25 times the inline try's budget; 0.097 s
+        # on a quiet fresh machine, so no tighter)
+        assert took > 0.05
         assert worst[0] < max(0.1, took / 3), \
             f"another task waited {worst[0]:.3f} s (rendering took {took:.3f} s)"
 
