@@ -52,7 +52,8 @@ def test_protocol_core_imports_no_io_library() -> None:
 _REQUIRED = {"anyio", "zmq", "msgpack", "numpy", "attrs", "prometheus_client", "tokenizers",
              "jinja2", "jsonschema"}
 _OPTIONAL_BY_PART = {"bench": {"psutil", "matplotlib", "pyinstrument"},
-                     "server": {"fastapi", "starlette", "pydantic", "hypercorn"}}
+                     "server": {"fastapi", "starlette", "pydantic", "hypercorn",
+                                "httptools"}}
 
 
 def _module_level_imports(tree: ast.Module) -> list[str]:

@@ -1,23 +1,24 @@
-"""The HTTP server under the app (``serve --http-server``): uvicorn with httptools on asyncio
-and uvloop, Hypercorn on trio or when asked.
+"""The HTTP server under the app (``serve --http-server``): our own (``builtin``) on trio,
+uvicorn with httptools on asyncio and uvloop, Hypercorn when asked.
 
-Both serve the same ASGI app on a listening socket bound by the caller, stop when told
+Each serves the same ASGI app on a listening socket bound by the caller, stops when told
 (closing the listening socket at once and giving open connections ``graceful_timeout``
-seconds before their tasks are cancelled), and bound what a hostile client can hold:
+seconds before their tasks are cancelled), and bounds what a hostile client can hold:
 
 * a request head must arrive whole within ``keep_alive_timeout`` seconds of the
   connection's start or of the previous response's end (slow-loris), and be at most
   :data:`MAX_HEAD_BYTES`; an idle keep-alive connection is closed after the same time;
-* ``read_timeout`` (Hypercorn only): a connection that sends nothing for that long is
-  closed, even while its response streams.
+* ``read_timeout`` (builtin and Hypercorn): a connection that sends nothing for that long
+  is closed, even while its response streams.
 
-uvicorn is the default where it runs (asyncio and uvloop): measured in front of the same
-mock engine, it costs about a fifth less CPU per streamed token than Hypercorn
-(docs/performance.md, "Server"). It has no head timeout of its own (its keep-alive timer
-stops at a connection's first byte, and an idle new connection has none), so
-:class:`_GuardedHttpTools` adds Hypercorn's. Granian was measured too and cost the same
-CPU per token as uvicorn (docs/performance.md, "Granian against uvicorn"), so it is not
-offered.
+Measured in front of the same mock engine (docs/performance.md, "Server"): on trio, the
+builtin server (:mod:`anyio_genout.server.http1`, httptools under AnyIO streams) costs
+about half the CPU per streamed token of Hypercorn, whose h11 parser and framing are pure
+Python; on asyncio it costs what uvicorn costs, and uvicorn, the server vLLM itself runs,
+stays the default there. uvicorn has no head timeout of its own (its keep-alive timer stops
+at a connection's first byte, and an idle new connection has none), so
+:class:`_GuardedHttpTools` adds Hypercorn's. Granian was measured too and cost the same CPU
+per token as uvicorn (docs/performance.md, "Granian against uvicorn"), so it is not offered.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from typing import Any, Final, Protocol
@@ -39,7 +41,7 @@ __all__ = ["HTTP_SERVERS", "LISTEN_BACKLOG", "MAX_HEAD_BYTES", "HttpServer", "ch
            "http_server"]
 
 #: The values of ``--http-server``.
-HTTP_SERVERS: Final = ("uvicorn", "hypercorn")
+HTTP_SERVERS: Final = ("builtin", "uvicorn", "hypercorn")
 #: Seconds of silence after which the rest of an answered request's body is taken as done
 #: and the connection closed (its bytes sent by then have been read: no reset).
 _LINGER: Final = 0.2
@@ -61,28 +63,44 @@ class HttpServer(Protocol):
 
 
 def choose_http_server(args: argparse.Namespace) -> str:
-    """``--http-server`` resolved for ``--backend`` (uvicorn unless trio); raises
+    """``--http-server`` resolved for ``--backend`` (builtin on trio, else uvicorn); raises
     :class:`UsageError` for a combination that cannot run or an option the chosen server
     cannot honour."""
     chosen: str | None = args.http_server
     if chosen is None:
-        chosen = "hypercorn" if args.backend == "trio" else "uvicorn"
+        chosen = "builtin" if args.backend == "trio" else "uvicorn"
     if chosen == "uvicorn":
         if args.backend == "trio":
             raise UsageError("--http-server uvicorn runs on asyncio only; with --backend "
-                             "trio use --http-server hypercorn")
+                             "trio use --http-server builtin or hypercorn")
         if args.read_timeout is not None:
-            raise UsageError("--read-timeout is Hypercorn's; add --http-server hypercorn "
-                             "to use it")
+            raise UsageError("--read-timeout is not uvicorn's; add --http-server builtin "
+                             "or hypercorn to use it")
     return chosen
 
 
 def http_server(name: str, args: argparse.Namespace, http_fd: int) -> HttpServer:
     """The server ``name`` (from :func:`choose_http_server`) on the listening socket
     ``http_fd``, which it closes when it stops."""
+    if name == "builtin":
+        return _builtin(args, http_fd)
     if name == "uvicorn":
         return _Uvicorn(args, http_fd)
     return _Hypercorn(args, http_fd)
+
+
+def _builtin(args: argparse.Namespace, http_fd: int) -> HttpServer:
+    from ..server.http1 import Http1Server
+
+    context = None
+    if args.ssl_certfile is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    return Http1Server(socket.socket(fileno=http_fd),
+                       keep_alive_timeout=args.keep_alive_timeout,
+                       read_timeout=args.read_timeout, max_head_bytes=MAX_HEAD_BYTES,
+                       root_path=args.root_path or "", ssl_context=context,
+                       log=_server_logger("anyio_genout.http1", "http"))
 
 
 def _server_logger(name: str, label: str) -> logging.Logger:

@@ -60,9 +60,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="the model name clients send and /v1/models lists (default: "
                              "the --model or --vllm-model argument, else --model-name)")
     parser.add_argument("--http-server", choices=HTTP_SERVERS, default=None,
-                        help="the HTTP server under the app: uvicorn (with httptools; "
-                             "asyncio and uvloop only) or Hypercorn (default: uvicorn, "
-                             "hypercorn with --backend trio)")
+                        help="the HTTP server under the app: builtin (ours, on httptools; "
+                             "every backend), uvicorn (with httptools; asyncio and uvloop "
+                             "only) or Hypercorn (default: uvicorn, builtin with --backend "
+                             "trio)")
     add_http_options(parser)
     limits = parser.add_argument_group("limits (hostile clients)")
     limits.add_argument("--max-body-size", type=int, default=1 << 20, metavar="BYTES",
@@ -85,9 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                              "%(default)s)")
     limits.add_argument("--read-timeout", type=int, metavar="SECONDS",
                         help="close a connection that sends nothing for this long, even "
-                             "while its response streams (Hypercorn's read_timeout: needs "
-                             "--http-server hypercorn; default: none; set it above your "
-                             "longest response)")
+                             "while its response streams (not with --http-server uvicorn; "
+                             "default: none; set it above your longest response)")
     lifecycle = parser.add_argument_group("shutdown and engines that die")
     lifecycle.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
                            help="on SIGTERM, stop accepting connections (/health 503) and let "
@@ -115,7 +115,8 @@ def check_serve_args(args: argparse.Namespace) -> None:
     """Refuse bad options before anything starts, and resolve vLLM's spellings (the
     positional model, the data-parallel address); raises :class:`UsageError`."""
     check_vllm_args(args)
-    needs = {"uvicorn": ("fastapi", "uvicorn", "httptools"),
+    needs = {"builtin": ("fastapi", "httptools"),
+             "uvicorn": ("fastapi", "uvicorn", "httptools"),
              "hypercorn": ("fastapi", "hypercorn")}[choose_http_server(args)]
     if not all(map(importable, needs)):
         raise UsageError(extra_message("anyio-genout serve", "server"))

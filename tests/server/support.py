@@ -1,7 +1,7 @@
 """Helpers for the server tests: ``create_app`` over a text client and a corpus-mode mock
-engine (real ZeroMQ), served by Hypercorn on a real port in the test's event loop
-(:func:`served`, :func:`serving`); and ``anyio-genout serve`` as a child process
-(:func:`serve_process`)."""
+engine (real ZeroMQ), served by Hypercorn (asyncio) or the builtin server (trio) on a real
+port in the test's event loop (:func:`served`, :func:`serving`); and ``anyio-genout serve``
+as a child process (:func:`serve_process`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -22,7 +23,9 @@ import httpx
 import pytest
 from hypercorn.config import Config
 
+from anyio_genout.cli.http_server import MAX_HEAD_BYTES
 from anyio_genout.server import create_app
+from anyio_genout.server.http1 import Http1Server
 from anyio_genout.transport import free_tcp_port
 from tests.cli.support import CLI, free_port
 from tests.support import wait_until
@@ -54,9 +57,10 @@ OPENAI_STREAM_GC = pytest.mark.filterwarnings(
 
 
 async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
+    """Serve as ``serve`` does by default on this backend's side of the test matrix: the
+    builtin server on trio (its default there), Hypercorn on asyncio."""
     try:
         import trio
-        from hypercorn.trio import serve as trio_serve
 
         trio.lowlevel.current_trio_token()
     except (ImportError, RuntimeError):
@@ -64,7 +68,11 @@ async def _serve(app: Any, config: Config, shutdown: anyio.Event) -> None:
 
         await asyncio_serve(app, config, shutdown_trigger=shutdown.wait)
         return
-    await trio_serve(app, config, shutdown_trigger=shutdown.wait)
+    host, port = config.bind[0].rsplit(":", 1)
+    server = Http1Server(socket.create_server((host, int(port))), keep_alive_timeout=5.0,
+                         read_timeout=None, max_head_bytes=MAX_HEAD_BYTES)
+    server.graceful_timeout = config.graceful_timeout
+    await server.serve(app, shutdown)
 
 
 #: Seconds a ``serve`` child may take to come up (its embedded engine included).
@@ -229,8 +237,9 @@ async def open_sse(base_url: str, body: dict[str, Any], events: int = 3, *,
 
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[str]:
-    """``app`` served by Hypercorn on 127.0.0.1:<free port> in this event loop; yields its
-    base URL once ``/health`` answers 200, and shuts Hypercorn down on exit."""
+    """``app`` served on 127.0.0.1:<free port> in this event loop (Hypercorn on asyncio, the
+    builtin server on trio); yields its base URL once ``/health`` answers 200, and shuts
+    the server down on exit."""
     port = free_tcp_port("127.0.0.1")
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]

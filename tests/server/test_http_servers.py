@@ -17,7 +17,8 @@ from tests.server.support import serve_process
 from tests.support import sse_lines_sync
 
 #: (--backend, --http-server or None for the default), every combination that runs.
-COMBINATIONS = [("asyncio", None), ("asyncio", "hypercorn"), ("trio", None)]
+COMBINATIONS = [("asyncio", None), ("asyncio", "hypercorn"), ("asyncio", "builtin"),
+                ("trio", None), ("trio", "hypercorn")]
 
 
 def _line(backend: str, http_server: str | None) -> list[str]:
@@ -130,7 +131,7 @@ def test_hostile_connections_are_bounded_and_serving_goes_on(
 @pytest.mark.parametrize(("line", "message"), [
     (["--backend", "trio", "--http-server", "uvicorn"],
      "--http-server uvicorn runs on asyncio only"),
-    (["--read-timeout", "60"], "--read-timeout is Hypercorn's; add --http-server hypercorn"),
+    (["--read-timeout", "60"], "--read-timeout is not uvicorn's; add --http-server builtin"),
     (["--http-server", "granian"], "argument --http-server: invalid choice: 'granian'"),
 ])
 def test_combinations_that_cannot_run_are_exit_2(line: list[str], message: str) -> None:
