@@ -20,6 +20,7 @@ from ..text.client import TextClient
 from .auth import ApiKeyScope, Authentication, check_api_key
 from .errors import ApiError, error_for, install_handlers
 from .fingerprint import FingerprintMode, check_fingerprint_options, system_fingerprint
+from .headers import first_header
 from .http_metrics import HttpMetrics, client_http_series
 from .json_route import JsonRoute
 from .limits import Limits, tolerant_send
@@ -227,7 +228,6 @@ def _header_request_id(body: CompletionRequest | ChatCompletionRequest, scope: S
     """An ``X-Request-Id`` header (the first) names the request in place of its
     ``request_id`` field, as vLLM's ``_base_request_id`` has it (the response's id is
     ``cmpl-`` or ``chatcmpl-`` and this)."""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            body.request_id = value.decode("latin-1")  # no lone surrogates
-            return
+    value = first_header(scope, b"x-request-id")
+    if value is not None:
+        body.request_id = value.decode("latin-1")  # no lone surrogates

@@ -12,6 +12,7 @@ import attrs
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import error_response
+from .headers import first_header
 from .limits import draining_send, tolerant_send
 
 __all__ = ["OPEN_PATHS", "V1_PREFIXES", "ApiKeyScope", "Authentication", "check_api_key"]
@@ -75,12 +76,12 @@ class Authentication:
         return path not in OPEN_PATHS
 
     def _authorized(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    _digest(token), self._expected)
-        return False
+        value = first_header(scope, b"authorization")
+        if value is None:
+            return False
+        scheme, _, token = value.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(_digest(token),
+                                                                   self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":

@@ -24,6 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
+from .headers import first_header
+
 __all__ = ["JsonRoute"]
 
 #: Set in the scope of a request handed back to the router: this route does not match it.
@@ -34,11 +36,8 @@ def _is_json(scope: Scope) -> bool:
     """Whether the first ``content-type`` header is ``application/json`` (any case, any
     parameters), which every FastAPI version reads as JSON; other types, ``+json`` ones
     and none at all go to FastAPI, whose rules for them differ between its versions."""
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            media: bytes = value.partition(b";")[0].strip().lower()
-            return media == b"application/json"
-    return False
+    value = first_header(scope, b"content-type")
+    return value is not None and value.partition(b";")[0].strip().lower() == b"application/json"
 
 
 class _Endpoint:
