@@ -6,6 +6,8 @@ trio. The app's own routes behind this server are the rest of tests/server on tr
 from __future__ import annotations
 
 import json
+import os
+import resource
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -412,3 +414,32 @@ async def test_the_scope_names_path_query_root_path_and_version() -> None:
                     "query": "x=%20", "root_path": "/api", "body": 0, "version": "1.1"}
     assert app.scopes[0]["client"][0] == "127.0.0.1"
     assert app.scopes[0]["server"] == ("127.0.0.1", port)
+
+
+async def test_running_out_of_descriptors_pauses_accepting_and_serving_goes_on() -> None:
+    """A connection flood past the process's descriptor limit: accept fails (EMFILE), and
+    once the flood closes, new connections are served (trio's listener raised it as
+    BrokenResourceError, which once ended the whole server)."""
+    app = App()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    async with running(app) as (port, _, _):
+        flood = []
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE,
+                               (len(os.listdir("/proc/self/fd")) + 40, hard))
+            # The server's side of each connection takes a descriptor too: it runs out
+            # first, while the kernel still completes connections into the backlog.
+            for _ in range(60):
+                try:
+                    flood.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+                except OSError:
+                    break
+            await anyio.sleep(0.5)  # the accept loop meets EMFILE meanwhile
+        finally:
+            for conn in flood:
+                conn.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        with anyio.fail_after(5):
+            async with connect(port) as client:
+                await client.send(get("/echo"))
+                assert (await client.answer())[0].status_code == 200

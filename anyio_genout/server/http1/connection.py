@@ -179,13 +179,12 @@ class Connection:
     async def run(self) -> None:
         """Serve the connection until it ends, then close it. Raises nothing but
         cancellation: a failure of this module is logged."""
-        ended = False
+        answered = False
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._read)
                 try:
-                    await self._handle()
-                    ended = True
+                    answered = await self._handle()
                 finally:
                     tg.cancel_scope.cancel()
         except Exception:
@@ -193,7 +192,7 @@ class Connection:
         finally:
             self.closed = True
             with anyio.CancelScope(shield=True):
-                await self._close(linger=ended)
+                await self._close(linger=answered)
 
     async def _close(self, *, linger: bool) -> None:
         """Close the stream; with ``linger``, first end our side and read and drop what
@@ -226,15 +225,19 @@ class Connection:
             cycle.keep_alive = False
         self._wake_handler()
 
-    async def _handle(self) -> None:
+    async def _handle(self) -> bool:
+        """Answer each request in turn; returns whether the connection ends just after an
+        answer (which the graceful close protects), not idle or with a head unfinished."""
         while (cycle := await self._next()) is not None:
             await cycle.run(self._settings.app)
             self._pending.popleft()
             self.resume_reading()
             if not (cycle.keep_alive and cycle.body_done) or self.closed:
-                return
+                return True
         if self.error is not None and not self.closed:
             await self.write(self.error)
+            return True
+        return False
 
     async def _next(self) -> Cycle | None:
         """The next request to answer, once its head is whole; None to close."""

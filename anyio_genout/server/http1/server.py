@@ -84,18 +84,26 @@ class Http1Server:
                       all_closed: anyio.Event) -> None:
         local = self._socket.getsockname()
         server = (local, None) if isinstance(local, str) else (local[0], local[1])
+        failing = False
         while True:
             try:
                 stream = await listener.accept()
             except anyio.ClosedResourceError:
                 return
-            except OSError as exc:
-                if exc.errno not in _CLIENT_GAVE_UP:
-                    # Out of descriptors or memory (or worse): say so, and try again
+            except (OSError, anyio.BrokenResourceError) as exc:
+                # trio's listener raises BrokenResourceError from the OSError
+                cause = exc if isinstance(exc, OSError) else exc.__cause__
+                if getattr(cause, "errno", None) not in _CLIENT_GAVE_UP:
+                    # Out of descriptors or memory (or worse): say so once, and try again
                     # shortly rather than spin; what is open goes on being served.
-                    self._log.warning("cannot accept a connection: %s", exc)
+                    (self._log.debug if failing else self._log.warning)(
+                        "cannot accept a connection: %s", cause or exc)
+                    failing = True
                     await anyio.sleep(_ACCEPT_BACKOFF)
                 continue
+            if failing:
+                self._log.warning("accepting connections again")
+                failing = False
             connections.start_soon(self._connection, stream, settings, server, all_closed)
 
     async def _connection(self, raw: anyio.abc.SocketStream, settings: ConnectionSettings,
