@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -443,3 +444,72 @@ async def test_running_out_of_descriptors_pauses_accepting_and_serving_goes_on()
             async with connect(port) as client:
                 await client.send(get("/echo"))
                 assert (await client.answer())[0].status_code == 200
+
+
+async def test_a_client_reset_before_it_is_served_does_not_end_the_server() -> None:
+    async with running(App()) as (port, _, _):
+        for _ in range(20):  # reset at once: its address is gone before it is served
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        await anyio.sleep(0.2)
+        async with connect(port) as client:
+            await client.send(get("/echo"))
+            assert (await client.answer())[0].status_code == 200
+
+
+@pytest.mark.parametrize("after", [
+    get("/echo") * 9,  # parsing waits for the app: the client going must still be seen
+    b"\x00garbage",  # refused: nothing more is parsed
+    b"",
+])
+async def test_a_client_gone_is_seen_whatever_came_after_its_request(after: bytes) -> None:
+    app = App()
+    async with running(app) as (port, _, _):
+        async with connect(port) as client:
+            await client.send(get("/watch") + after)
+            seen = b""
+            with anyio.fail_after(3):
+                while b"first" not in seen:
+                    seen += await client.stream.receive()
+        with anyio.fail_after(3):
+            await app.disconnected.wait()
+
+
+async def test_trailers_do_not_join_the_request_headers() -> None:
+    app = App()
+    async with running(app) as (port, _, _), connect(port) as client:
+        await client.send(b"POST /echo HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+                          b"2\r\nhi\r\n0\r\nauthorization: Bearer evil\r\n\r\n")
+        response, body = await client.answer()
+    assert response.status_code == 200 and json.loads(body)["body"] == 2
+    assert b"authorization" not in dict(app.scopes[0]["headers"])
+
+
+async def test_a_head_under_the_limit_is_served_however_it_is_cut() -> None:
+    head = get("/echo", *(f"x-h{i}: {'v' * 100}" for i in range(100)))  # about 11 KB
+    async with running(App()) as (port, _, _), connect(port) as client:
+        for i in range(0, len(head), 300):
+            await client.send(head[i:i + 300])
+            await anyio.sleep(0.002)
+        assert (await client.answer())[0].status_code == 200
+
+
+async def test_read_timeout_ends_a_response_to_a_client_that_does_not_read() -> None:
+    app = App()
+    async with running(app, read_timeout=0.5) as (port, _, _):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        try:
+            sock.sendall(get("/stream?n=1000000"))  # never read
+            await anyio.sleep(1.5)  # its send window fills; then 0.5 s of silence
+            # the server gave up on it: its side is closed (reading shows the end)
+            sock.settimeout(5)  # a stream a million chunks long would not end in 5 s
+            try:
+                while sock.recv(1 << 20):
+                    pass
+            except ConnectionResetError:
+                pass
+        finally:
+            sock.close()

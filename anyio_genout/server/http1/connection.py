@@ -90,6 +90,14 @@ class Connection:
         self._headers: list[tuple[bytes, bytes]] = []
         #: Bytes of the head being read (counted as parsed, and as read while it is open).
         self._head_bytes = 0
+        #: The same, counted as read (the reads after the one it began in).
+        self._head_raw = 0
+        #: Bytes read while parsing waits (:meth:`_must_wait`), parsed once it goes on.
+        self._stash: list[bytes] = []
+        self._stashed = 0
+        #: The scope of the reader's receive while parsing waits; of the whole connection.
+        self._paused: anyio.CancelScope | None = None
+        self._scope: anyio.CancelScope | None = None
         #: Whether a head has begun and is not whole yet; whether it began in this read.
         self._in_head = False
         self._began_now = False
@@ -114,7 +122,7 @@ class Connection:
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
-        self._head_bytes = 0
+        self._head_bytes = self._head_raw = 0
         self._in_head = self._began_now = True
 
     def on_url(self, url: bytes) -> None:
@@ -147,6 +155,12 @@ class Connection:
         expect = version == "1.1" and any(
             name == b"expect" and value.lower() == b"100-continue"
             for name, value in self._headers)
+        if parser.should_upgrade() and any(
+                name in (b"content-length", b"transfer-encoding") and value != b"0"
+                for name, value in self._headers):
+            # httptools reads no body after an upgrade head: the app would get none
+            raise ValueError("an upgrade request with a body")
+        self._headers = []  # a chunked body's trailers must not join the scope's headers
         cycle = Cycle(self, scope, keep_alive=parser.should_keep_alive() and not self.stopping,
                       expect_continue=expect)
         self._reading = cycle
@@ -182,6 +196,7 @@ class Connection:
         answered = False
         try:
             async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
                 tg.start_soon(self._read)
                 try:
                     answered = await self._handle()
@@ -191,8 +206,7 @@ class Connection:
             self.log.exception("HTTP connection failed")
         finally:
             self.closed = True
-            with anyio.CancelScope(shield=True):
-                await self._close(linger=answered)
+            await self._close(linger=answered)
 
     async def _close(self, *, linger: bool) -> None:
         """Close the stream; with ``linger``, first end our side and read and drop what
@@ -201,22 +215,23 @@ class Connection:
         under an answer the client has not read (unread bytes make the kernel reset it)
         nor drops what is still buffered to it."""
         stream = self._stream
-        if linger and not self._peer_gone:
-            with anyio.move_on_after(self._settings.keep_alive_timeout):
-                try:
+        try:
+            if linger and not self._peer_gone:
+                with anyio.move_on_after(self._settings.keep_alive_timeout):
                     await stream.send_eof()
                     while True:
                         with anyio.move_on_after(LINGER) as silent:
                             await stream.receive(_READ_SIZE)
                         if silent.cancelled_caught:
                             break
-                except (NotImplementedError, *_STREAM_GONE):  # TLS cannot half-close
+        except (NotImplementedError, *_STREAM_GONE):  # TLS cannot half-close
+            pass
+        finally:  # the server's cancel ends the linger, not the close
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                try:
+                    await stream.aclose()
+                except (*_STREAM_GONE, anyio.BusyResourceError):
                     pass
-        with anyio.move_on_after(1):
-            try:
-                await stream.aclose()
-            except _STREAM_GONE:
-                pass
 
     def stop(self) -> None:
         """The server stops: no request after the one in progress, if any."""
@@ -251,46 +266,82 @@ class Connection:
         return self._pending[0]
 
     async def _read(self) -> None:
-        stream = self._stream
-        read_timeout = self._settings.read_timeout
         try:
             while True:
-                while self._must_wait():
-                    event = self._reader_wakeup = anyio.Event()
-                    await event.wait()
-                if read_timeout is None:
-                    data = await stream.receive(_READ_SIZE)
+                if self._must_wait():
+                    # Parse nothing more until the app catches up, but go on reading (up
+                    # to BODY_HIGH_WATER bytes set aside) so that a client that goes is
+                    # still seen; resume_reading cuts the wait short.
+                    if self._stashed >= BODY_HIGH_WATER:
+                        event = self._reader_wakeup = anyio.Event()
+                        await event.wait()
+                        continue
+                    with anyio.CancelScope() as self._paused:
+                        data = await self._receive()
+                        self._stash.append(data)
+                        self._stashed += len(data)
+                    self._paused = None
+                    continue
+                if self._stash:
+                    data = b"".join(self._stash)
+                    self._stash.clear()
+                    self._stashed = 0
                 else:
-                    with anyio.move_on_after(read_timeout) as silent:
-                        data = await stream.receive(_READ_SIZE)
-                    if silent.cancelled_caught:
-                        self._gone()
-                        return
-                self._received += len(data)
-                try:
-                    self._parser.feed_data(data)
-                except httptools.HttpParserUpgrade:
-                    return  # the request is whole; nothing after it is read
-                except httptools.HttpParserCallbackError as exc:
-                    self._refuse(exc.__context__)
-                    return
-                except httptools.HttpParserError as exc:
-                    self._refuse(exc)
-                    return
-                began, self._began_now = self._began_now, False
-                if self._in_head:  # a head still coming: bound it as it is read
-                    if not began:
-                        self._head_bytes += len(data)
-                    if self._head_bytes > self._settings.max_head_bytes:
-                        self._refuse(_HeadTooLarge())
-                        return
+                    data = await self._receive()
+                if not self._feed(data):
+                    # Nothing more is parsed; read on (and drop) to see the client go.
+                    self._end()
+                    while True:
+                        await self._receive()
         except _STREAM_GONE:
             self._gone()
         finally:
-            self.ended = True
-            for cycle in self._pending:
-                cycle.wake()
-            self._wake_handler()
+            self._end()
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the client; silent past ``read_timeout``, the connection is
+        cancelled (even a response blocked on a client that does not read)."""
+        read_timeout = self._settings.read_timeout
+        if read_timeout is None:
+            data = await self._stream.receive(_READ_SIZE)
+        else:
+            with anyio.move_on_after(read_timeout) as silent:
+                data = await self._stream.receive(_READ_SIZE)
+            if silent.cancelled_caught:
+                self._gone()
+                if self._scope is not None:
+                    self._scope.cancel()
+                raise anyio.EndOfStream
+        self._received += len(data)
+        return data
+
+    def _feed(self, data: bytes) -> bool:
+        """Parse ``data``; False once nothing more is to be parsed (an upgrade, or a
+        request refused)."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            return False  # the request is whole; nothing after it is read
+        except httptools.HttpParserCallbackError as exc:
+            self._refuse(exc.__context__)
+            return False
+        except httptools.HttpParserError as exc:
+            self._refuse(exc)
+            return False
+        began, self._began_now = self._began_now, False
+        if self._in_head:  # a head still coming: bound it as it is read
+            if not began:
+                self._head_raw += len(data)
+            if max(self._head_raw, self._head_bytes) > self._settings.max_head_bytes:
+                self._refuse(_HeadTooLarge())
+                return False
+        return True
+
+    def _end(self) -> None:
+        self.ended = True
+        for cycle in self._pending:
+            cycle.wake()
+        self._wake_handler()
 
     def _refuse(self, exc: BaseException | None) -> None:
         """Answer a malformed request (after the ones before it) and stop reading."""
@@ -311,6 +362,8 @@ class Connection:
     # -- what both use ----------------------------------------------------------------
 
     def resume_reading(self) -> None:
+        if self._paused is not None:
+            self._paused.cancel()
         if self._reader_wakeup is not None:
             self._reader_wakeup.set()
             self._reader_wakeup = None

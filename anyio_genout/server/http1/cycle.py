@@ -134,6 +134,9 @@ class Cycle:
             return
         self.keep_alive = False
         conn = self._conn
+        if self._head and not conn.closed:  # started, but nothing written: a 500 still can
+            self._head = b""
+            self.response_started = False
         if not self.response_started and not conn.closed:
             if conn.error is not None and not self.body_done:  # its body was malformed
                 await conn.write(conn.error)

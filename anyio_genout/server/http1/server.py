@@ -108,20 +108,23 @@ class Http1Server:
 
     async def _connection(self, raw: anyio.abc.SocketStream, settings: ConnectionSettings,
                           server: tuple[str, int | None], all_closed: anyio.Event) -> None:
-        remote = raw.extra(anyio.abc.SocketAttribute.remote_address)
-        client = None if isinstance(remote, str) else (remote[0], remote[1])
+        # A client that reset at once has no address any more: None, as for a Unix socket.
+        remote = raw.extra(anyio.abc.SocketAttribute.remote_address, None)
+        client = (remote[0], remote[1]) if isinstance(remote, tuple) else None
         stream: anyio.abc.ByteStream = raw
         if self._ssl_context is not None:
-            with anyio.move_on_after(self._keep_alive_timeout):
-                try:
+            try:
+                with anyio.move_on_after(self._keep_alive_timeout):
                     stream = await TLSStream.wrap(raw, server_side=True,
                                                   ssl_context=self._ssl_context,
                                                   standard_compatible=False)
-                except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
-                    self._log.debug("TLS handshake failed: %r", exc)
-            if stream is raw:  # failed or too slow
-                with anyio.CancelScope(shield=True):
-                    await raw.aclose()
+            except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                self._log.debug("TLS handshake failed: %r", exc)
+            finally:
+                if stream is raw:  # failed, too slow, or the server's cancel
+                    with anyio.CancelScope(shield=True):
+                        await raw.aclose()
+            if stream is raw:
                 return
         conn = Connection(stream, settings, server=server, client=client)
         self._connections.add(conn)
