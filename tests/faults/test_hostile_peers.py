@@ -25,7 +25,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from anyio_genout import (
@@ -34,10 +34,11 @@ from anyio_genout import (
     EngineCoreClientConfig,
     EngineCoreOutputStream,
     EngineCoreRequest,
+    EngineDeadError,
     ProtocolError,
     SamplingParams,
 )
-from anyio_genout.protocol import EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
+from anyio_genout.protocol import ENGINE_CORE_DEAD, EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
 from anyio_genout.testing import input_junk
 from anyio_genout.transport import MonitorEvent
 from tests.cluster import mock_cluster
@@ -101,11 +102,20 @@ def canary() -> list[bytes | memoryview]:
 
 async def push_and_judge(frames: list[bytes], *, must_fail: bool) -> None:
     """Send ``frames`` from a third party, then the canary from the same socket (ZeroMQ keeps
-    one connection's order). The stream sees exactly one ProtocolError, or the canary."""
+    one connection's order). The stream sees exactly one ProtocolError, or the canary; or,
+    for the engine's own death sentinel (valid bytes, which hypothesis finds among the
+    constants of our source), exactly one EngineDeadError."""
     async with target() as t, raw_pusher(t.client.output_address) as attacker:
         await attacker.send(frames)
         await attacker.send(list(canary()))  # type: ignore[arg-type]
         with anyio.fail_after(5):
+            if frames == [ENGINE_CORE_DEAD]:
+                with pytest.raises(EngineDeadError):
+                    await t.stream.__anext__()
+                assert not t.client.is_healthy
+                with pytest.raises(StopAsyncIteration):
+                    await t.stream.__anext__()
+                return
             try:
                 item = await t.stream.__anext__()
             except ProtocolError:
@@ -176,12 +186,14 @@ class Exploit:
 
 @HOSTILE
 @given(data=st.binary(max_size=200))
+@example(data=ENGINE_CORE_DEAD)
 async def test_random_bytes(data: bytes) -> None:
     await push_and_judge([data], must_fail=False)
 
 
 @HOSTILE
 @given(frames=st.lists(st.binary(max_size=64), min_size=1, max_size=6))
+@example(frames=[ENGINE_CORE_DEAD])
 async def test_random_multipart(frames: list[bytes]) -> None:
     await push_and_judge(frames, must_fail=False)
 
