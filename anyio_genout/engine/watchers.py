@@ -24,10 +24,9 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any
 
 import anyio
-import attrs
 import zmq
 
 from ..errors import (
@@ -38,6 +37,7 @@ from ..errors import (
 )
 from ..transport import MonitorEvent, TransportError, ZmqSocket
 from .config import EngineCoreClientConfig
+from .links import Connections, Drop
 from .liveness import Heard, run_liveness
 from .registry import RequestRegistry
 from .reports import HealthReports
@@ -46,10 +46,6 @@ from .utility_calls import PendingCalls
 __all__ = ["EngineWatch"]
 
 logger = logging.getLogger("anyio_genout.engine")
-
-_HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                            | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
 class EngineWatch:
@@ -74,9 +70,9 @@ class EngineWatch:
         self.heard: Heard = defaultdict(int)
         # The sockets' connections, as their monitors report them, and the latest unjudged
         # drop of one.
-        self._links = {"output": _Connections(), "input": _Connections()}
-        self._drop: _Drop | None = None
-        self._probing: _Drop | None = None  # the drop being judged
+        self._links = {"output": Connections(), "input": Connections()}
+        self._drop: Drop | None = None
+        self._probing: Drop | None = None  # the drop being judged
         self._drop_seen = anyio.Event()  # set by the watchers, for the prober
         self._connected = anyio.Event()  # set (and replaced) on every new connection
         self._answered_on: dict[int, int] = {}  # engine -> descriptor its probe answer came on
@@ -181,7 +177,7 @@ class EngineWatch:
         Never waits: the watchers call it when a monitor signals, and the prober to see the
         events queued before an engine's answer.
         """
-        drops: list[tuple[str, str, int]] = []
+        drops: list[tuple[str, str, tuple[int, int, int]]] = []
         for name, monitor in self._monitors.items():
             links = self._links[name]
             while (frames := monitor.receive_nowait()) is not None:
@@ -192,7 +188,7 @@ class EngineWatch:
                 if name == "output":
                     self._follow_output(event)
                 if kind == zmq.EVENT_DISCONNECTED:
-                    drops.append((name, event.endpoint, links.events))
+                    drops.append((name, event.endpoint, links.counts()))
                 elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     # The prober asks again: a question sent while an engine's input
                     # connection was down was dropped, and an answer sent on an output
@@ -200,8 +196,8 @@ class EngineWatch:
                     # an oversized message on its connection) is lost.
                     self._connected.set()
                     self._connected = anyio.Event()
-        for name, endpoint, clock in drops:
-            self._on_disconnect(name, endpoint, clock)
+        for name, endpoint, counts in drops:
+            self._on_disconnect(name, endpoint, counts)
 
     def _follow_output(self, event: MonitorEvent) -> None:
         """Keep the output connections' engines current: a closed connection's engine is
@@ -218,8 +214,9 @@ class EngineWatch:
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.learning = True
 
-    def _on_disconnect(self, name: str, endpoint: str, clock: int) -> None:
-        """A connection to the ``name`` socket closed at that monitor's ``clock``."""
+    def _on_disconnect(self, name: str, endpoint: str, counts: tuple[int, int, int]) -> None:
+        """A connection to the ``name`` socket closed when that socket's
+        :meth:`Connections.counts` were ``counts``."""
         if name == "output":
             self._output_disconnects += 1
         if not self._reports.healthy:
@@ -230,9 +227,11 @@ class EngineWatch:
             name, endpoint, self._links[name].drops, self._config.health.disconnect_grace)
         work = self._open_work()
         if self._drop is None:
-            clocks = {other: links.events for other, links in self._links.items()}
-            clocks[name] = clock
-            self._drop = _Drop(anyio.current_time(), clocks, work, {name})
+            now = {other: links.counts() for other, links in self._links.items()}
+            now[name] = counts
+            self._drop = Drop(anyio.current_time(), {k: v[0] for k, v in now.items()}, work,
+                               {name}, {k: v[1] for k, v in now.items()},
+                               {k: v[2] for k, v in now.items()})
         else:
             self._drop.work = max(self._drop.work, work)
             self._drop.sockets.add(name)
@@ -240,7 +239,7 @@ class EngineWatch:
             self._probing.sockets.add(name)
         self._drop_seen.set()
 
-    def _came_back(self, drop: _Drop, ranks: Iterable[int]) -> bool:
+    def _came_back(self, drop: Drop, ranks: Iterable[int]) -> bool:
         """Whether an engine's connection was made again since ``drop`` (every engine of
         ``ranks`` has answered the probe): its answer arrived on an output connection
         accepted after the drop, or an input connection was made since (those carry no
@@ -268,7 +267,7 @@ class EngineWatch:
                 finally:
                     self._probing = None
 
-    async def _probe(self, drop: _Drop) -> None:
+    async def _probe(self, drop: Drop) -> None:
         """Ask every engine ``is_sleeping`` after a connection closed at ``drop.at``.
 
         * An engine that has not answered when ``disconnect_grace`` is up, while fewer input
@@ -329,7 +328,16 @@ class EngineWatch:
                 await everyone.wait()
             found_dead = False
             if not everyone.is_set() and self._reports.healthy:
+                try:
+                    self._read_monitors()  # judge the connections as they are now
+                except (anyio.ClosedResourceError, TransportError):
+                    return
                 silent = [rank for rank in ranks if rank not in answered and rank in live]
+                if self._flapping(drop):
+                    # Alive: its answer was lost with a connection that closed again.
+                    if drop.work:
+                        self._fail_lost(drop.work)
+                    return
                 if any(links.live < len(live) for links in self._links.values()):
                     found_dead = True
                     self._reports.fail_engines(silent, EngineDeadError(
@@ -360,16 +368,29 @@ class EngineWatch:
             logger.info("the peer that left was not an engine: every engine answered over "
                         "its own connections")
         elif drop.work:
-            limit = self._config.max_message_size
-            self._reports.fail(ProtocolError(
-                f"an engine's connection closed and came back while {drop.work} request(s) "
-                f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
-                f"drops a message larger than max_message_size "
-                f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
-                f"connection, and a network fault closes it too"))
+            self._fail_lost(drop.work)
         else:
             logger.info("an engine's connection closed and came back with nothing in "
                         "flight; every engine answered")
+
+    def _flapping(self, drop: Drop) -> bool:
+        """Whether a connection to a socket was made again since ``drop`` and closed again
+        too: the mark of an engine that lives while each connection it makes closes (one
+        oversized message after another), which a dead engine (no new connection) and a
+        restarted one (a new connection that stays) do not leave."""
+        return any(links.made > drop.made[name] and links.drops > drop.drops[name]
+                   for name, links in self._links.items())
+
+    def _fail_lost(self, work: int) -> None:
+        """Fail the client: an engine's connection closed and came back while ``work``
+        requests or utility calls were in flight, so messages on it are lost."""
+        limit = self._config.max_message_size
+        self._reports.fail(ProtocolError(
+            f"an engine's connection closed and came back while {work} request(s) "
+            f"or utility call(s) were in flight, and messages on it are lost: ZeroMQ "
+            f"drops a message larger than max_message_size "
+            f"({'unlimited' if limit is None else f'{limit:,} bytes'}) together with its "
+            f"connection, and a network fault closes it too"))
 
     async def liveness(self, interval: float, deadline: float) -> None:
         """The liveness task: an engine silent for ``interval`` s is asked a cheap utility
@@ -394,63 +415,3 @@ def _gone_message(ranks: Sequence[int], sockets: Iterable[str], grace: float) ->
 def _sockets(names: Iterable[str]) -> str:
     names = sorted(names)
     return f"{' and '.join(names)} socket{'s' if len(names) > 1 else ''}"
-
-
-class _Connections:
-    """One socket's connections, from its monitor's events.
-
-    Monitor events carry no peer address: an ACCEPTED event gives the connection's
-    descriptor, the handshake events that follow give none, so they are matched in order.
-    """
-
-    __slots__ = ("accepted", "connected_at", "drops", "events", "failed", "live", "pending")
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []  # accepted, ZeroMQ handshake not yet done (oldest first)
-        self.failed: set[int] = set()  # the handshake failed (a port scan): not reported
-        self.live = 0  # connections with a completed handshake, still open
-        self.drops = 0  # connections with a completed handshake that closed
-        self.events = 0  # events applied so far: a clock for ``accepted``
-        self.accepted: dict[int, int] = {}  # open connection's descriptor -> ``events`` then
-        self.connected_at = 0  # ``events`` at the latest completed handshake
-
-    def update(self, event: MonitorEvent) -> int:
-        """Apply ``event``; returns ``zmq.EVENT_HANDSHAKE_SUCCEEDED`` for a new connection,
-        ``zmq.EVENT_DISCONNECTED`` when one that had completed its handshake closed, else
-        0."""
-        kind = event.event
-        self.events += 1
-        if kind == zmq.EVENT_ACCEPTED:
-            self.pending.append(event.value)
-            self.accepted[event.value] = self.events
-        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self.pending:
-                self.pending.pop(0)
-            self.connected_at = self.events
-            self.live += 1
-            return kind
-        elif kind & _HANDSHAKE_FAILED:
-            if self.pending:
-                self.failed.add(self.pending.pop(0))
-        elif kind == zmq.EVENT_DISCONNECTED:
-            fd = event.value
-            self.accepted.pop(fd, None)
-            if fd in self.failed:
-                self.failed.discard(fd)
-            elif fd in self.pending:
-                self.pending.remove(fd)
-            else:
-                self.live = max(0, self.live - 1)
-                self.drops += 1
-                return kind
-        return 0
-
-
-@attrs.define
-class _Drop:
-    """Connections that closed and wait for the prober's verdict."""
-
-    at: float  # when the first closed
-    clocks: dict[str, int]  # each socket's connection-event clock then
-    work: int  # requests and callers' utility calls in flight then
-    sockets: set[str]  # which sockets' connections closed ("input", "output")
