@@ -38,7 +38,13 @@ from anyio_genout import (
     ProtocolError,
     SamplingParams,
 )
-from anyio_genout.protocol import ENGINE_CORE_DEAD, EngineCoreOutput, EngineCoreOutputs, Logprobs, encode_outputs
+from anyio_genout.protocol import (
+    ENGINE_CORE_DEAD,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    Logprobs,
+    encode_outputs,
+)
 from anyio_genout.testing import input_junk
 from anyio_genout.transport import MonitorEvent
 from tests.cluster import mock_cluster
