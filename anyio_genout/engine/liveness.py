@@ -10,6 +10,14 @@ nothing at all arrives from it, neither the answer nor any other message, within
 (consumers slower than the engine, a backlog of outputs queued in front of the answer)
 never makes a healthy engine look dead: every output it reads meanwhile counts, and an
 engine that streams is never asked at all.
+
+The timeout counts only the time the client's event loop gave the check: it looks
+``_LOOKS`` times, and a look that wakes late (a loop whose passes last longer than a look,
+e.g. consumers doing blocking work on buffered outputs) counts only for its own length.
+Sending the question and reading the answer take a loop pass each, so on a starved loop a
+wall-clock timeout would expire before the answer could be read; counted this way it
+spans at least ``_LOOKS`` passes, and a dead engine is still found, later by the loop's
+lag.
 """
 
 from __future__ import annotations
@@ -73,15 +81,19 @@ async def _check(rank: int, live: Collection[int], heard: Heard, calls: PendingC
             pass  # an answer all the same, or the client or this engine failed meanwhile
         settled.set()
 
-    end = anyio.current_time() + deadline
+    left = deadline
     look = deadline / _LOOKS
     async with anyio.create_task_group() as tg:
         tg.start_soon(ask)
         while not settled.is_set() and heard[rank] == before and rank in live:
-            left = end - anyio.current_time()
             if left <= 0:
                 dead.append(rank)
                 break
-            with anyio.move_on_after(min(left, look)):
+            wait = min(left, look)
+            started = anyio.current_time()
+            with anyio.move_on_after(wait):
                 await settled.wait()
+            # Time the loop kept this task waiting past its wake-up was the client's, not
+            # the engine's: the question's send and the answer's read were held up as long.
+            left -= min(anyio.current_time() - started, wait)
         tg.cancel_scope.cancel()

@@ -86,3 +86,38 @@ async def test_consumers_slower_than_the_engine_never_make_it_look_dead(
     # A question left unanswered because the engine was heard meanwhile: its late answer is
     # expected, not a warning.
     assert [r.getMessage() for r in caplog.records if "utility call" in r.getMessage()] == []
+
+
+async def test_a_loop_held_up_by_its_consumers_does_not_make_an_idle_engine_look_dead(
+        engine_address: str) -> None:
+    """The engine has sent everything and is idle, so it is asked; the consumers, each
+    doing 2 ms of blocking work per buffered output, make every loop pass about 0.1 s
+    long, and the question's send and the answer's read take a pass each. A wall-clock
+    timeout of 0.2 s expired before the answer could be read, and the client, its every
+    request answered, was left unhealthy for good; the timeout counts only the time the
+    loop gave the check."""
+    config = ClientConfig(engine=EngineCoreClientConfig(
+        transport=HandshakeTransport(engine_address), ready_timeout=20,
+        health=HealthConfig(liveness_interval=0.1, liveness_timeout=0.2)), registry=None)
+    streams, tokens = 48, 24
+    got: list[int] = []
+    async with Client.connect(config) as client:
+
+        async def consume(n: int) -> None:
+            request = GenerateRequest(request_id=f"held-{n}", prompt_token_ids=[1, 2, 3],
+                                      sampling_params=SamplingParams(max_tokens=tokens,
+                                                                     ignore_eos=True))
+            count = 0
+            async with client.generate(request, per_step=True) as stream:
+                async for out in stream:
+                    count += len(out.token_ids)
+                    time.sleep(0.002)  # noqa: ASYNC251 - a consumer that holds the loop
+            got.append(count)
+
+        with anyio.fail_after(40):
+            async with anyio.create_task_group() as tg:
+                for n in range(streams):
+                    tg.start_soon(consume, n)
+        assert got == [tokens] * streams
+        assert client.engine.is_healthy, client.engine.health_error
+        await client.engine.is_sleeping()  # and it still serves
