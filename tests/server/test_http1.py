@@ -304,6 +304,24 @@ async def test_an_app_failure_is_500_or_a_cut_and_serving_goes_on() -> None:
             assert (await client.answer())[0].status_code == 200
 
 
+async def test_the_500_to_a_head_request_has_no_body() -> None:
+    """What the server answers by itself to a HEAD is a head alone: a body after it would
+    be read as the next answer by a client that keeps the connection."""
+    async with running(App()) as (port, _, _), connect(port) as client:
+        await client.send(b"HEAD /fail HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        with anyio.fail_after(5):
+            try:
+                while chunk := await client.stream.receive():
+                    data += chunk
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                pass
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 500 ")
+        assert b"content-length: 21" in head.lower()  # the length a GET's body would have
+        assert rest == b""
+
+
 @pytest.mark.parametrize("request_bytes", [
     b"NOT HTTP AT ALL\r\n\r\n",
     b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",

@@ -52,13 +52,16 @@ def _date_header() -> bytes:
     return value
 
 
-def plain_response(status: int, text: str, *, close: bool = True) -> bytes:
-    """A whole ``text/plain`` response: what the server answers by itself."""
+def plain_response(status: int, text: str, *, close: bool = True, head: bool = False
+                   ) -> bytes:
+    """A whole ``text/plain`` response: what the server answers by itself; to a ``HEAD``
+    request (``head``) its head alone, which says the length the body would have."""
     body = text.encode()
     return b"".join((_status_line(status), _date_header(),
                      b"content-type: text/plain; charset=utf-8\r\n",
                      b"content-length: %d\r\n" % len(body),
-                     b"connection: close\r\n" if close else b"", b"\r\n", body))
+                     b"connection: close\r\n" if close else b"", b"\r\n",
+                     b"" if head else body))
 
 
 class Link(Protocol):
@@ -144,7 +147,8 @@ class Cycle:
                 if not failed:
                     conn.log.error("the app returned without a response to %s %s",
                                    self.scope["method"], self.scope["path"])
-                await conn.write(plain_response(500, "Internal Server Error"))
+                await conn.write(plain_response(500, "Internal Server Error",
+                                                head=self._head_request))
         self.response_done = True
         self.wake()
 
