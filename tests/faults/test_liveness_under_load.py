@@ -48,41 +48,52 @@ def engine_address() -> Iterator[str]:
         yield address
 
 
-async def test_consumers_slower_than_the_engine_never_make_it_look_dead(
-        engine_address: str, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="anyio_genout")
+async def slow_consumers(address: str, liveness_timeout: float, streams: int, tokens: int,
+                         work: float) -> float:
+    """``streams`` per-step streams of ``tokens`` tokens, each consumer doing ``work``
+    seconds of blocking work per output, under a liveness check (interval 0.1 s, timeout
+    ``liveness_timeout``); checks that every request ended with every token and no error,
+    and that the client is healthy and still answers. Returns the seconds they took."""
     config = ClientConfig(engine=EngineCoreClientConfig(
-        transport=HandshakeTransport(engine_address), ready_timeout=20,
-        health=HealthConfig(liveness_interval=0.1, liveness_timeout=LIVENESS_TIMEOUT)),
+        transport=HandshakeTransport(address), ready_timeout=20,
+        health=HealthConfig(liveness_interval=0.1, liveness_timeout=liveness_timeout)),
         registry=None)
-    tokens: list[int] = []
+    got: list[int] = []
     errors: list[BaseException] = []
     async with Client.connect(config) as client:
 
         async def consume(n: int) -> None:
             request = GenerateRequest(request_id=f"slow-{n}", prompt_token_ids=[1, 2, 3],
-                                      sampling_params=SamplingParams(max_tokens=TOKENS,
+                                      sampling_params=SamplingParams(max_tokens=tokens,
                                                                      ignore_eos=True))
-            got = 0
+            count = 0
             try:
                 async with client.generate(request, per_step=True) as stream:
                     async for out in stream:
-                        got += len(out.token_ids)
-                        time.sleep(WORK)  # noqa: ASYNC251 - a consumer slower than the engine
+                        count += len(out.token_ids)
+                        time.sleep(work)  # noqa: ASYNC251 - a consumer slower than the engine
             except Exception as exc:
                 errors.append(exc)
-            tokens.append(got)
+            got.append(count)
 
         started = anyio.current_time()
         with anyio.fail_after(40):
             async with anyio.create_task_group() as tg:
-                for n in range(STREAMS):
+                for n in range(streams):
                     tg.start_soon(consume, n)
         took = anyio.current_time() - started
         assert errors == [], errors[:3]
-        assert tokens == [TOKENS] * STREAMS
+        assert got == [tokens] * streams
         assert client.engine.is_healthy, client.engine.health_error
-        assert took > 2 * LIVENESS_TIMEOUT, took  # overloaded for several timeouts
+        await client.engine.is_sleeping()  # and it still serves
+    return took
+
+
+async def test_consumers_slower_than_the_engine_never_make_it_look_dead(
+        engine_address: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="anyio_genout")
+    took = await slow_consumers(engine_address, LIVENESS_TIMEOUT, STREAMS, TOKENS, WORK)
+    assert took > 2 * LIVENESS_TIMEOUT, took  # overloaded for several timeouts
     # A question left unanswered because the engine was heard meanwhile: its late answer is
     # expected, not a warning.
     assert [r.getMessage() for r in caplog.records if "utility call" in r.getMessage()] == []
@@ -96,28 +107,4 @@ async def test_a_loop_held_up_by_its_consumers_does_not_make_an_idle_engine_look
     timeout of 0.2 s expired before the answer could be read, and the client, its every
     request answered, was left unhealthy for good; the timeout counts only the time the
     loop gave the check."""
-    config = ClientConfig(engine=EngineCoreClientConfig(
-        transport=HandshakeTransport(engine_address), ready_timeout=20,
-        health=HealthConfig(liveness_interval=0.1, liveness_timeout=0.2)), registry=None)
-    streams, tokens = 48, 24
-    got: list[int] = []
-    async with Client.connect(config) as client:
-
-        async def consume(n: int) -> None:
-            request = GenerateRequest(request_id=f"held-{n}", prompt_token_ids=[1, 2, 3],
-                                      sampling_params=SamplingParams(max_tokens=tokens,
-                                                                     ignore_eos=True))
-            count = 0
-            async with client.generate(request, per_step=True) as stream:
-                async for out in stream:
-                    count += len(out.token_ids)
-                    time.sleep(0.002)  # noqa: ASYNC251 - a consumer that holds the loop
-            got.append(count)
-
-        with anyio.fail_after(40):
-            async with anyio.create_task_group() as tg:
-                for n in range(streams):
-                    tg.start_soon(consume, n)
-        assert got == [tokens] * streams
-        assert client.engine.is_healthy, client.engine.health_error
-        await client.engine.is_sleeping()  # and it still serves
+    await slow_consumers(engine_address, 0.2, streams=48, tokens=24, work=0.002)
