@@ -3,18 +3,26 @@ waiting for the prober's verdict (:mod:`.watchers`)."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 import attrs
 import zmq
 
 from ..transport import MonitorEvent
 
-__all__ = ["Connections", "Drop"]
+__all__ = ["Connections", "Counts", "Drop"]
 
 _HANDSHAKE_FAILED: Final = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                             | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class Counts(NamedTuple):
+    """One socket's :class:`Connections` counters at a moment."""
+
+    events: int  # events applied: the clock ``accepted`` and ``connected_at`` are on
+    made: int  # connections whose handshake completed
+    drops: int  # of those, the ones that closed
 
 
 class Connections:
@@ -37,9 +45,9 @@ class Connections:
         self.accepted: dict[int, int] = {}  # open connection's descriptor -> ``events`` then
         self.connected_at = 0  # ``events`` at the latest completed handshake
 
-    def counts(self) -> tuple[int, int, int]:
-        """``(events, made, drops)`` so far."""
-        return self.events, self.made, self.drops
+    def counts(self) -> Counts:
+        """The counters so far."""
+        return Counts(self.events, self.made, self.drops)
 
     def update(self, event: MonitorEvent) -> int:
         """Apply ``event``; returns ``zmq.EVENT_HANDSHAKE_SUCCEEDED`` for a new connection,
@@ -79,8 +87,6 @@ class Drop:
     """Connections that closed and wait for the prober's verdict."""
 
     at: float  # when the first closed
-    clocks: dict[str, int]  # each socket's connection-event clock then
+    counts: dict[str, Counts]  # each socket's counters then (this drop's close included)
     work: int  # requests and callers' utility calls in flight then
     sockets: set[str]  # which sockets' connections closed ("input", "output")
-    made: dict[str, int]  # each socket's connections made by then
-    drops: dict[str, int]  # and closed by then (this drop's included)

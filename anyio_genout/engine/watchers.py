@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..transport import MonitorEvent, TransportError, ZmqSocket
 from .config import EngineCoreClientConfig
-from .links import Connections, Drop
+from .links import Connections, Counts, Drop
 from .liveness import Heard, run_liveness
 from .registry import RequestRegistry
 from .reports import HealthReports
@@ -177,7 +177,7 @@ class EngineWatch:
         Never waits: the watchers call it when a monitor signals, and the prober to see the
         events queued before an engine's answer.
         """
-        drops: list[tuple[str, str, tuple[int, int, int]]] = []
+        drops: list[tuple[str, str, Counts]] = []
         for name, monitor in self._monitors.items():
             links = self._links[name]
             while (frames := monitor.receive_nowait()) is not None:
@@ -214,9 +214,9 @@ class EngineWatch:
         elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.learning = True
 
-    def _on_disconnect(self, name: str, endpoint: str, counts: tuple[int, int, int]) -> None:
-        """A connection to the ``name`` socket closed when that socket's
-        :meth:`Connections.counts` were ``counts``."""
+    def _on_disconnect(self, name: str, endpoint: str, counts: Counts) -> None:
+        """A connection to the ``name`` socket closed when that socket's counters were
+        ``counts``."""
         if name == "output":
             self._output_disconnects += 1
         if not self._reports.healthy:
@@ -229,9 +229,7 @@ class EngineWatch:
         if self._drop is None:
             now = {other: links.counts() for other, links in self._links.items()}
             now[name] = counts
-            self._drop = Drop(anyio.current_time(), {k: v[0] for k, v in now.items()}, work,
-                               {name}, {k: v[1] for k, v in now.items()},
-                               {k: v[2] for k, v in now.items()})
+            self._drop = Drop(anyio.current_time(), now, work, {name})
         else:
             self._drop.work = max(self._drop.work, work)
             self._drop.sockets.add(name)
@@ -244,13 +242,13 @@ class EngineWatch:
         ``ranks`` has answered the probe): its answer arrived on an output connection
         accepted after the drop, or an input connection was made since (those carry no
         answers; not if an engine rejoined since, which made one)."""
-        since = drop.clocks["input"]
+        since = drop.counts["input"].events
         if self._links["input"].connected_at > since and self._rejoin_clock < since:
             return True
         accepted = self._links["output"].accepted
         for rank in ranks:
             at = accepted.get(self._answered_on.get(rank, -1))
-            if at is None or at > drop.clocks["output"]:
+            if at is None or at > drop.counts["output"].events:
                 return True
         return False
 
@@ -332,12 +330,12 @@ class EngineWatch:
                     self._read_monitors()  # judge the connections as they are now
                 except (anyio.ClosedResourceError, TransportError):
                     return
-                silent = [rank for rank in ranks if rank not in answered and rank in live]
                 if self._flapping(drop):
                     # Alive: its answer was lost with a connection that closed again.
                     if drop.work:
                         self._fail_lost(drop.work)
                     return
+                silent = [rank for rank in ranks if rank not in answered and rank in live]
                 if any(links.live < len(live) for links in self._links.values()):
                     found_dead = True
                     self._reports.fail_engines(silent, EngineDeadError(
@@ -378,8 +376,11 @@ class EngineWatch:
         too: the mark of an engine that lives while each connection it makes closes (one
         oversized message after another), which a dead engine (no new connection) and a
         restarted one (a new connection that stays) do not leave."""
-        return any(links.made > drop.made[name] and links.drops > drop.drops[name]
-                   for name, links in self._links.items())
+        for name, then in drop.counts.items():
+            links = self._links[name]
+            if links.made > then.made and links.drops > then.drops:
+                return True
+        return False
 
     def _fail_lost(self, work: int) -> None:
         """Fail the client: an engine's connection closed and came back while ``work``
