@@ -49,15 +49,17 @@ __all__ = ["READ_BATCH", "READ_PASS", "BatchListener", "DeathExplainer", "Output
 logger = logging.getLogger("anyio_genout.engine")
 
 #: Messages a reader pass handles before it yields to other tasks, at the least. Each pass
-#: ends with the consumers draining what it buffered; a longer pass wakes them less often
-#: but keeps more outputs alive at once, which costs more in garbage-collector passes (16
-#: measured best for messages of 64-256 rows). While consumers leave, one (engine/pace.py).
-READ_BATCH: Final = 16
+#: ends with the consumers draining what it buffered (coalesced: one delivery each); a
+#: longer pass wakes them less often but keeps more outputs alive at once, which costs
+#: more in garbage-collector passes. 16 measured best when every buffered output was an
+#: object; since a plain one is an int in its mailbox, 32 is 12-15 % cheaper a token at 256
+#: and 1,024 streams (docs/performance.md). While consumers leave, one (engine/pace.py).
+READ_BATCH: Final = 32
 #: Seconds a pass may go on past ``READ_BATCH`` messages while more are queued. Small
 #: messages come in long runs when the reader is behind (an engine that finishes requests
 #: faster than they are read sends a row or two a message): a pass of 16 of them took about
 #: 0.1 ms, so every few rows cost a loop pass and a wake-up per consumer. Big messages reach
-#: this after their 16, so the loop's pass stays as long as it was for them.
+#: this before their READ_BATCH, so the loop's pass stays as long as it was for them.
 READ_PASS: Final = 0.001
 #: Messages received in a row after which the reader stops asking ZMQ_EVENTS first.
 _BURST: Final = 2

@@ -2,10 +2,10 @@
 pass is shorter than ``READ_PASS``.
 
 A reader that is behind an engine finishing requests faster than they are read finds long
-runs of one-row messages queued. Handing them over 16 at a time cost a loop pass and a
-consumer wake-up per 16 tokens (the server bench: 25-36 % of its CPU per token on asyncio).
-The pass is timed on the reader's clock, replaced here by one that moves a fixed step per
-reading, so the pass lengths do not depend on the machine's speed.
+runs of one-row messages queued. Handing them over 16 at a time (the batch then) cost a
+loop pass and a consumer wake-up per 16 tokens (the server bench: 25-36 % of its CPU per
+token on asyncio). The pass is timed on the reader's clock, replaced here by one that
+moves a fixed step per reading, so the pass lengths do not depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from .fake import Cluster
 
 pytestmark = pytest.mark.anyio
 
-#: The fake clock's step per reading: a pass is READ_PASS / STEP messages (40).
-STEP = 25e-6
-MESSAGES = 400
+#: The fake clock's step per reading: a pass is READ_PASS / STEP messages, 2.5 READ_BATCH.
+STEP = reader.READ_PASS / (2.5 * reader.READ_BATCH)
+MESSAGES = 25 * reader.READ_BATCH
 
 
 class _SteppingClock:
@@ -77,9 +77,10 @@ async def test_a_backlog_of_small_messages_goes_over_in_passes_of_the_read_pass(
     wakes, tokens = await _wake_ups(monkeypatch)
     assert tokens == MESSAGES  # nothing lost
     per_pass = reader.READ_PASS / STEP
-    # 16 messages a pass would wake the consumer 25 times; passes of about 40 wake it about
-    # 10 times (the last pass, and the consumer's own first look, add at most two; on trio,
-    # whose scheduler may run the reader's next pass before the consumer, as few as 5) ...
+    # READ_BATCH messages a pass would wake the consumer 25 times; passes of 2.5 times that
+    # wake it about 10 times (the last pass, and the consumer's own first look, add at most
+    # two; on trio, whose scheduler may run the reader's next pass before the consumer, as
+    # few as 5) ...
     assert wakes <= MESSAGES / per_pass + 3 < MESSAGES / reader.READ_BATCH
     # ... and the reader still yields between passes: the backlog is not one pass.
     assert wakes >= MESSAGES / per_pass / 2 - 2

@@ -211,7 +211,7 @@ async def test_while_a_consumer_leaves_the_reader_hands_over_one_message_a_pass(
         leave: bool) -> None:
     """A stream left before its end (the same holds for a consumer resumed past its
     deadline) paces the reader for a moment: each queued message comes in its own loop
-    pass, so the leaving consumers' exits are not queued behind a batch of 16 messages
+    pass, so the leaving consumers' exits are not queued behind a batch of ``READ_BATCH`` messages
     (docs/lifecycle.md, "While consumers leave"). Without one, the reader hands over the
     messages queued in a batch, and the consumer takes several in one pass."""
     async with generate_cluster() as (client, (engine,)):
