@@ -52,8 +52,9 @@ logger = logging.getLogger("anyio_genout.engine")
 #: ends with the consumers draining what it buffered (coalesced: one delivery each); a
 #: longer pass wakes them less often but keeps more outputs alive at once, which costs
 #: more in garbage-collector passes. 16 measured best when every buffered output was an
-#: object; since a plain one is an int in its mailbox, 32 is 12-15 % cheaper a token at 256
-#: and 1,024 streams (docs/performance.md). While consumers leave, one (engine/pace.py).
+#: object; since a plain one is an int in its mailbox, 32 costs about 10 % less a token at
+#: 256 streams on asyncio and uvloop, 0-8 % on trio (docs/performance.md, the reader's
+#: batch). While consumers leave, one (engine/pace.py).
 READ_BATCH: Final = 32
 #: Seconds a pass may go on past ``READ_BATCH`` messages while more are queued. Small
 #: messages come in long runs when the reader is behind (an engine that finishes requests
